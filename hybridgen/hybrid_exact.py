@@ -6,22 +6,32 @@ partial attention runs on the CPU attention pool while the GPU partial runs, and
 are merged exactly by LSE (see ``hybridgen.attention.merge_partials``).
 
 Choices where the paper is silent (it has no lossless mode; this is our extension):
-- the GPU budget is resolved against the prompt length and stays fixed while decoding;
+- the GPU budget is re-resolved against the current context length n at every step
+  (``gpu_budget.resolve(n)``): a ratio keeps the host share constant while decoding
+  (ratio 1.0 = everything stays on the gpu tier, ratio 0 = everything on the host); a token
+  count caps the GPU part (a short prompt leaves room that new tokens fill first);
 - sinks count inside the GPU budget; when the budget is smaller than ``sinks`` only the
-  first ``gpu_budget`` tokens are kept as sinks;
-- the recent window is a ring buffer: the token it pushes out moves to the host tier
-  (one token's K/V crosses GPU->host per layer per step, counted in ``bytes_d2h``).
+  first ``gpu_budget`` tokens are kept as sinks. With left padding the first positions may
+  be padding: they are still the "sinks" (exactness does not depend on the choice);
+- the recent window is a ring of GPU slots kept in age order (a deque of slot indices):
+  once the GPU part is full, the oldest window token moves to the host tier and the new
+  token takes its slot (one token's K/V crosses GPU->host per layer per step, counted in
+  ``bytes_d2h``). Attention is order-invariant, so slots need not be in position order;
+- GPU and host segments are preallocated for the whole generation at prefill (GPU:
+  ``gpu_budget.resolve(max_len)`` tokens; host: ``max_len - that``), so decoding never
+  reallocates unless the engine runs more steps than ``max_new_tokens``.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Deque, List, Optional
 
-import torch
 from torch import Tensor
 
 from hybridgen.attention import merge_partials, partial_attention
 from hybridgen.attention.cpu_pool import default_pool
+from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
 from hybridgen.methods import Budget, KVMethod, MethodContext, register
 
@@ -31,7 +41,7 @@ from hybridgen.methods import Budget, KVMethod, MethodContext, register
 class HybridExact(KVMethod):
     """GPU partial over sinks + recent window, CPU partial over host KV, exact LSE merge.
 
-    gpu_budget: tokens per layer on the gpu tier (ratio of the prompt or absolute count).
+    gpu_budget: tokens per layer on the gpu tier (ratio of the current context or absolute count).
     sinks: leading tokens pinned on the gpu tier.
     key_tier / value_tier: host tiers for host keys and values ('dram' or 'cxl').
     """
@@ -44,29 +54,34 @@ class HybridExact(KVMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         if self.sinks < 0:
-            from hybridgen.errors import ConfigError
             raise ConfigError(f"hybrid-exact: sinks must be >= 0, got {self.sinks}")
+        for t in (self.key_tier, self.value_tier):
+            if t not in ("dram", "cxl"):
+                raise ConfigError(f"hybrid-exact: host tier must be 'dram' or 'cxl', got {t!r}")
+        self.gpu_budget = Budget.parse(self.gpu_budget)
         self.pool = ctx.pool or default_pool()
         L = ctx.num_layers
         self.gpu: List[Optional[KVSegment]] = [None] * L
         self.host: List[Optional[KVSegment]] = [None] * L
-        self.n_sinks = 0
-        self.window = 0
-        self.ring: List[int] = [0] * L
+        # GPU slots of window tokens, oldest first; slots not in it hold sinks.
+        self.window: List[Deque[int]] = [deque() for _ in range(L)]
+        self.n_sinks: List[int] = [0] * L
 
     def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        """k, v: [B, Hkv, T, D]; valid: [B, T] bool (False = left padding) or None."""
         ctx = self.ctx
         B, H, T, D = k.shape
         gpu_tokens = self.gpu_budget.resolve(T)
-        self.n_sinks = min(self.sinks, gpu_tokens)
-        self.window = gpu_tokens - self.n_sinks
-        with_mask = valid is not None and not bool(valid.all())
-        s, w = self.n_sinks, self.window
+        s = min(self.sinks, gpu_tokens)
+        w = gpu_tokens - s
         host_end = T - w
-        gpu = KVSegment(ctx.store["gpu"], B, H, D, k.dtype, f"layer{layer}/gpu", capacity=gpu_tokens,
+        max_len = max(ctx.max_len, T)
+        gpu_cap = self.gpu_budget.resolve(max_len)
+        with_mask = valid is not None and not bool(valid.all())
+        gpu = KVSegment(ctx.store["gpu"], B, H, D, k.dtype, f"layer{layer}/gpu", capacity=gpu_cap,
                         with_mask=with_mask)
         host = KVSegment(ctx.store[self.key_tier], B, H, D, k.dtype, f"layer{layer}/host",
-                         capacity=ctx.max_len - gpu_tokens, value_tier=ctx.store[self.value_tier],
+                         capacity=max_len - gpu_cap, value_tier=ctx.store[self.value_tier],
                          with_mask=with_mask)
         m = (lambda a, b: None if valid is None else valid[:, a:b])
         gpu.append(k[:, :, :s], v[:, :, :s], m(0, s))
@@ -74,27 +89,38 @@ class HybridExact(KVMethod):
         host.append(k[:, :, s:host_end], v[:, :, s:host_end], m(s, host_end))
         self.count("bytes_d2h", (host_end - s) * B * H * D * k.element_size() * 2)
         self.gpu[layer], self.host[layer] = gpu, host
+        self.n_sinks[layer] = s
+        self.window[layer] = deque(range(s, s + w))
 
     def _place_new_token(self, layer: int, k: Tensor, v: Tensor) -> None:
-        gpu, host = self.gpu[layer], self.host[layer]
-        if self.window == 0:
+        """Put the new token (k, v: [B, Hkv, 1, D]) on the gpu tier or the host tier."""
+        gpu, host, window = self.gpu[layer], self.host[layer], self.window[layer]
+        n = gpu.length + host.length + 1  # context length including the new token
+        if gpu.length < self.gpu_budget.resolve(n):  # the GPU part may grow
+            if host.length == 0 and not window and self.n_sinks[layer] < self.sinks:
+                self.n_sinks[layer] += 1  # still inside the leading sink tokens
+            else:
+                window.append(gpu.length)
+            gpu.append(k, v)
+        elif window:  # roll the window: the oldest window token moves to the host
+            slot = window.popleft()
+            old_mask = gpu.mask[:, :, slot:slot + 1] if gpu.mask is not None else None
+            host.append(gpu.k[:, :, slot:slot + 1], gpu.v[:, :, slot:slot + 1], old_mask)
+            self.count("bytes_d2h", k.numel() * k.element_size() * 2)
+            gpu.write(slot, k, v)
+            window.append(slot)
+        else:  # no window on the GPU (budget spent on sinks or zero): straight to the host
             host.append(k, v)
             self.count("bytes_d2h", k.numel() * k.element_size() * 2)
-            return
-        if gpu.length < self.n_sinks + self.window:
-            gpu.append(k, v)
-            return
-        slot = self.n_sinks + self.ring[layer]
-        old_mask = gpu.mask[:, :, slot:slot + 1] if gpu.mask is not None else None
-        host.append(gpu.k[:, :, slot:slot + 1], gpu.v[:, :, slot:slot + 1], old_mask)
-        self.count("bytes_d2h", k.numel() * k.element_size() * 2)
-        gpu.write(slot, k, v)
-        self.ring[layer] = (self.ring[layer] + 1) % self.window
 
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q: [B, Hq, 1, D]; k, v: [B, Hkv, 1, D]. Returns [B, Hq, 1, D] in q's dtype."""
         self._place_new_token(layer, k, v)
         gpu, host = self.gpu[layer], self.host[layer]
         scale = self.ctx.scale
+        if host.length == 0:
+            out, _ = partial_attention(q, gpu.k, gpu.v, scale, gpu.mask)
+            return out
         q_host = q.to(host.device, non_blocking=True)
         host_future = self.pool.submit(partial_attention, q_host, host.k, host.v, scale, host.mask)
         gpu_part = partial_attention(q, gpu.k, gpu.v, scale, gpu.mask)

@@ -52,6 +52,9 @@ class Budget:
         if isinstance(value, Budget):
             return value
         if isinstance(value, dict):
+            unknown = sorted(set(value) - {"ratio", "tokens"})
+            if unknown:
+                raise ConfigError(f"a budget has only 'ratio' or 'tokens', not {', '.join(map(repr, unknown))}")
             return cls(**value)
         if isinstance(value, bool):
             raise ConfigError(f"cannot read {value!r} as a budget; write e.g. 0.2, '20%' or 512")
@@ -182,6 +185,7 @@ def register(name: str) -> Callable[[Type[KVMethod]], Type[KVMethod]]:
 def _load_builtin_methods() -> None:
     import baselines  # noqa: F401  (registers the baselines)
     import hybridgen.hybrid_exact  # noqa: F401
+    import hybridgen.hybrid  # noqa: F401
 
 
 def available_methods() -> list:

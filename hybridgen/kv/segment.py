@@ -42,8 +42,15 @@ class KVSegment:
     def _alloc(self, capacity: int) -> None:
         B, H, D = self.shape
         k = self.key_tier.allocate((B, H, capacity, D), self.dtype, f"{self.owner}/k")
-        v = self.value_tier.allocate((B, H, capacity, D), self.dtype, f"{self.owner}/v")
-        m = self.key_tier.allocate((B, H, capacity), torch.bool, f"{self.owner}/mask") if self.with_mask else None
+        v = None
+        try:
+            v = self.value_tier.allocate((B, H, capacity, D), self.dtype, f"{self.owner}/v")
+            m = self.key_tier.allocate((B, H, capacity), torch.bool, f"{self.owner}/mask") if self.with_mask else None
+        except BaseException:  # e.g. CapacityError on V: return K (and V) to the ledger
+            self.key_tier.release(k)
+            if v is not None:
+                self.value_tier.release(v)
+            raise
         n = self.length
         if n:
             k[:, :, :n].copy_(self._k[:, :, :n])
@@ -132,9 +139,9 @@ class KVSegment:
         n = index.shape[-1]
         D = self.shape[2]
         idx = index.to(self._k.device)
+        idx_v = index.to(self._v.device)
         k = torch.gather(self.k, 2, idx[..., None].expand(-1, -1, -1, D))
-        v = torch.gather(self.v.to(self._k.device) if self.value_tier is not self.key_tier else self.v, 2,
-                         idx.to(self._v.device)[..., None].expand(-1, -1, -1, D))
+        v = torch.gather(self.v, 2, idx_v[..., None].expand(-1, -1, -1, D))  # on the value tier
         m = torch.gather(self.mask, 2, idx) if self._mask is not None else None
         self._free()
         self.length = 0

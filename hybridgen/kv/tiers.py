@@ -8,6 +8,7 @@ these flags (``TieredStore.describe``).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -28,8 +29,12 @@ def parse_bytes(value: Union[None, int, float, str]) -> Optional[int]:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         n = float(value)
+        if math.isinf(n) and n > 0:
+            return None
+        if not math.isfinite(n):
+            raise ConfigError(f"cannot read {value!r} as a size; write e.g. '24GiB', '512MB' or a byte count")
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value), re.IGNORECASE)
         if not m or m.group(2).lower() not in _UNITS:
             raise ConfigError(f"cannot read {value!r} as a size; write e.g. '24GiB', '512MB' or a byte count")
         n = float(m.group(1)) * _UNITS[m.group(2).lower()]
@@ -69,6 +74,7 @@ class Tier:
         self._ledger: Dict[int, Tuple[str, int]] = {}
         self.used = 0
         self.peak = 0
+        self.num_allocations = 0  # every allocate() call, for amortised-growth checks
 
     def allocate(self, shape: Sequence[int], dtype: torch.dtype, owner: str) -> torch.Tensor:
         """A zero-filled tensor on this tier, recorded under ``owner`` (e.g. 'layer3/k')."""
@@ -85,6 +91,7 @@ class Tier:
         else:
             t = torch.zeros(tuple(shape), dtype=dtype, device=self.device, pin_memory=self.pinned)
         self._ledger[id(t)] = (owner, nbytes)
+        self.num_allocations += 1
         self.used += nbytes
         self.peak = max(self.peak, self.used)
         return t

@@ -1,0 +1,295 @@
+"""FlexGen: KV cache offloaded to host memory and streamed to the GPU layer by layer.
+
+Sheng et al., "FlexGen: High-Throughput Generative Inference of Large Language Models with
+a Single GPU", ICML 2023. FlexGen places each tensor class (weights, activations, KV cache)
+by a policy of GPU / CPU / disk percentages; the cached KV of layer l+1 is loaded to the
+GPU on a separate CUDA stream while layer l computes (its zig-zag block schedule overlaps
+load, compute and store). With ``cpu_cache_compute`` the attention over the cache is
+computed on the CPU instead, so only the query and the output cross PCIe. Its compressed
+cache stores the KV in 4 bits, group-wise (group 64) with per-group min and scale.
+
+What we implement (only the KV cache is placed; weights stay on the compute device):
+- ``gpu_percent`` / ``cpu_percent`` (a :class:`FlexGenPolicy`) of the KV live on the gpu
+  tier / on ``host_tier``; at each decode step the host part of layer l is copied into a
+  preallocated, double-buffered gpu-tier staging buffer (see :mod:`baselines.prefetch`),
+  started at ``on_layer_input(l - 1)`` so it overlaps layer l - 1; dense attention over the
+  GPU part, the staged host part and the new token, merged exactly by log-sum-exp.
+- ``attention_on="cpu"``: the host part's attention runs on the CPU attention pool next to
+  the host KV (q goes down, out + lse come up), concurrently with the GPU part.
+- ``compress_kv``: host KV stored as 4-bit codes + (min, scale) per group
+  (:mod:`baselines.quant`); the compressed bytes are what crosses PCIe, and they are
+  dequantized on the GPU into a gpu-tier buffer.
+
+Choices where the paper is silent or which differ from it:
+- the GPU/host split is by token (positions [0, n_gpu) of prompt + generated tokens, with
+  n_gpu = round(gpu_percent% x max length)), not along batch x heads as FlexGen's mixed
+  device does: the same bytes, and it composes with append-only decoding; new tokens fill
+  the GPU share first, then go to the host;
+- the default policy is FlexGen's for long contexts: 0% GPU, 100% CPU; there is no disk tier;
+- layer 0's copy starts at its own ``on_layer_input(0)`` (not during the previous step's
+  last layer), so the first layer's transfer is not hidden; without the engine's hooks
+  (method-level use) every copy happens in ``decode`` (still correct, nothing overlapped);
+- on CUDA a partially filled host buffer is copied row by row (one async copy per batch x
+  head), because a strided source would go through a pageable temporary;
+- ``attention_on="cpu"`` with ``compress_kv`` dequantizes on the CPU into a transient buffer;
+- the new token is attended at full precision on the compute device, where it is computed
+  (also with ``attention_on="cpu"``: its one-row partial is merged with the host partial);
+  it is written to the host (quantized when compressing) after the step's attention;
+- 'bytes_h2d' counts staged bytes (K, V, mask, or codes + meta); in CPU mode the output and
+  LSE rows; 'bytes_d2h' counts KV written to the host (and q in CPU mode);
+  'prefetched_ahead' counts copies started one layer ahead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from baselines import quant
+from baselines.common import BaselineMethod, needs_mask
+from baselines.prefetch import Prefetcher
+from hybridgen.attention import merge_partials, partial_attention
+from hybridgen.attention.cpu_pool import default_pool
+from hybridgen.errors import ConfigError
+from hybridgen.methods import MethodContext, register
+
+
+@dataclass(frozen=True)
+class FlexGenPolicy:
+    """Where the KV cache lives, in percent (FlexGen's cache_gpu_percent / cache_cpu_percent).
+
+    Both in [0, 100] and summing to 100 (we have no disk tier).
+    """
+
+    gpu_percent: float = 0.0
+    cpu_percent: float = 100.0
+
+    def __post_init__(self):
+        for name in ("gpu_percent", "cpu_percent"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not (0.0 <= float(val) <= 100.0):
+                raise ConfigError(f"flexgen: {name} must be a number in [0, 100], got {val!r}")
+        if abs(self.gpu_percent + self.cpu_percent - 100.0) > 1e-6:
+            raise ConfigError(f"flexgen: gpu_percent + cpu_percent must be 100, got "
+                              f"{self.gpu_percent} + {self.cpu_percent}; set cpu_percent = 100 - gpu_percent")
+
+    def gpu_tokens(self, total: int) -> int:
+        """Tokens of a ``total``-token cache placed on the GPU."""
+        return int(round(total * self.gpu_percent / 100.0))
+
+
+@register("flexgen")
+@dataclass
+class FlexGen(BaselineMethod):
+    """KV offloaded to host memory, streamed to the GPU one layer ahead (or attended on CPU).
+
+    gpu_percent / cpu_percent: KV placement policy (validated, see FlexGenPolicy).
+    host_tier: 'dram' or 'cxl'. attention_on: 'gpu' (stream KV) or 'cpu' (compute on host).
+    compress_kv: 4-bit group-wise host KV (group_size elements per group).
+    prefetch: start layer l+1's copy during layer l (False: copy on use).
+    async_copy: use a CUDA stream when CUDA is there (False: the plain-copy fallback).
+    """
+
+    gpu_percent: float = 0.0
+    cpu_percent: float = 100.0
+    host_tier: str = "dram"
+    attention_on: str = "gpu"
+    compress_kv: bool = False
+    group_size: int = 64
+    prefetch: bool = True
+    async_copy: bool = True
+
+    def __post_init__(self):
+        self.policy = FlexGenPolicy(self.gpu_percent, self.cpu_percent)
+        if self.attention_on not in ("gpu", "cpu"):
+            raise ConfigError(f"flexgen: attention_on must be 'gpu' or 'cpu', got {self.attention_on!r}")
+        if self.host_tier not in ("dram", "cxl"):
+            raise ConfigError(f"flexgen: host_tier must be 'dram' or 'cxl', got {self.host_tier!r}")
+        if self.compress_kv:
+            quant.check_group(self.group_size)
+
+    # ------------------------------------------------------------------ setup
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        L = ctx.num_layers
+        self.n_gpu = self.policy.gpu_tokens(ctx.max_len)
+        self.host_cap = ctx.max_len - self.n_gpu
+        self.gpu: List[Optional[object]] = [None] * L
+        self.host: List[Optional[object]] = [None] * L  # KVSegment, or (codes, meta) segments
+        self.stage: Optional[list] = None  # two staging slots, allocated at the first prefill
+        self.deq = None
+        self.prefetcher = Prefetcher(ctx.compute_device, force_sync=not self.async_copy)
+        self.staged_len = [0] * L
+        self.pool = (ctx.pool or default_pool()) if self.attention_on == "cpu" else None
+        self.with_mask = False
+
+    def _alloc_stage(self) -> None:
+        """Two gpu-tier slots that can each hold one layer's host part (FlexGen's double buffer)."""
+        ctx = self.ctx
+        B, H, D, cap = ctx.batch_size, ctx.num_kv_heads, ctx.head_dim, self.host_cap
+        self.stage = []
+        for i in range(2):
+            slot = {}
+            if self.compress_kv:
+                cb, me = quant.packed_shapes(D, self.group_size)
+                for part in ("k", "v"):
+                    slot[part] = self.buffer("gpu", f"shared/stage{i}/{part}_codes", (B, H, cap, cb), torch.uint8)
+                    slot[part + "_meta"] = self.buffer("gpu", f"shared/stage{i}/{part}_meta", (B, H, cap, me), ctx.dtype)
+            else:
+                for part in ("k", "v"):
+                    slot[part] = self.buffer("gpu", f"shared/stage{i}/{part}", (B, H, cap, D), ctx.dtype)
+            if self.with_mask:
+                slot["mask"] = self.buffer("gpu", f"shared/stage{i}/mask", (B, H, cap), torch.bool)
+            self.stage.append(slot)
+        if self.compress_kv:
+            self.deq = {p: self.buffer("gpu", f"shared/dequant/{p}", (B, H, cap, D), ctx.dtype) for p in ("k", "v")}
+
+    def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        ctx = self.ctx
+        T = k.shape[2]
+        if layer == 0:
+            self.with_mask = needs_mask(valid)
+        g = min(self.n_gpu, T)
+        m = (lambda a, b: None if valid is None else valid[:, a:b])
+        if self.n_gpu > 0:
+            seg = self.segment("gpu", f"layer{layer}/gpu", self.n_gpu, self.with_mask)
+            seg.append(k[:, :, :g], v[:, :, :g], m(0, g))
+            self.gpu[layer] = seg
+        if self.host_cap > 0:
+            if self.compress_kv:
+                cb, me = quant.packed_shapes(ctx.head_dim, self.group_size)
+                codes = self.segment(self.host_tier, f"layer{layer}/host_codes", self.host_cap, self.with_mask,
+                                     head_dim=cb, dtype=torch.uint8)
+                meta = self.segment(self.host_tier, f"layer{layer}/host_meta", self.host_cap, False,
+                                    head_dim=me, dtype=ctx.dtype)
+                self.host[layer] = (codes, meta)
+            else:
+                self.host[layer] = self.segment(self.host_tier, f"layer{layer}/host", self.host_cap, self.with_mask)
+            self._host_append(layer, k[:, :, g:], v[:, :, g:], m(g, T))
+            if self.attention_on == "gpu" and self.stage is None:
+                self._alloc_stage()
+
+    # ------------------------------------------------------------------ host storage
+    def _host_append(self, layer: int, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> None:
+        if k.shape[2] == 0:
+            return
+        host = self.host[layer]
+        if self.compress_kv:
+            ck, mk = quant.quantize(k, self.group_size)
+            cv, mv = quant.quantize(v, self.group_size)
+            codes, meta = host
+            codes.append(ck.to(codes.device), cv.to(codes.device), None if mask is None else mask.to(codes.device))
+            meta.append(mk.to(meta.device), mv.to(meta.device))
+            self.count("bytes_d2h", sum(self.kv_bytes(t) for t in (ck, cv, mk, mv)))
+        else:
+            host.append(k.to(host.device), v.to(host.device), None if mask is None else mask.to(host.device))
+            self.count("bytes_d2h", self.kv_bytes(k) + self.kv_bytes(v))
+
+    def _host_len(self, layer: int) -> int:
+        host = self.host[layer]
+        if host is None:
+            return 0
+        return host[0].length if self.compress_kv else host.length
+
+    # ------------------------------------------------------------------ streaming
+    def _start_fetch(self, layer: int) -> None:
+        """Enqueue the copy of ``layer``'s host part into staging slot layer % 2."""
+        if self.attention_on != "gpu" or layer >= self.ctx.num_layers or self.prefetcher.pending(layer):
+            return
+        n = self._host_len(layer)
+        self.staged_len[layer] = n
+        if n == 0:
+            return
+        slot = self.stage[layer % 2]
+        host = self.host[layer]
+        if self.compress_kv:
+            codes, meta = host
+            pairs = [(slot["k"].t[:, :, :n], codes.k), (slot["v"].t[:, :, :n], codes.v),
+                     (slot["k_meta"].t[:, :, :n], meta.k), (slot["v_meta"].t[:, :, :n], meta.v)]
+            mask = codes.mask
+        else:
+            pairs = [(slot["k"].t[:, :, :n], host.k), (slot["v"].t[:, :, :n], host.v)]
+            mask = host.mask
+        if mask is not None:
+            pairs.append((slot["mask"].t[:, :, :n], mask))
+        self.count("bytes_h2d", self.prefetcher.start(layer, pairs))
+
+    def on_layer_input(self, layer: int, hidden: Tensor) -> None:
+        if self.attention_on != "gpu":
+            return
+        self._start_fetch(layer)  # no-op when already in flight
+        if self.prefetch and layer + 1 < self.ctx.num_layers and not self.prefetcher.pending(layer + 1):
+            self._start_fetch(layer + 1)
+            self.count("prefetched_ahead", 1)
+
+    def _staged(self, layer: int):
+        """(k, v, mask) of ``layer``'s host part on the compute device, after the copy landed."""
+        self._start_fetch(layer)
+        self.prefetcher.wait(layer)
+        n = self.staged_len[layer]
+        slot = self.stage[layer % 2]
+        mask = slot["mask"].t[:, :, :n] if "mask" in slot else None
+        if self.compress_kv:
+            D = self.ctx.head_dim
+            k = quant.dequantize(slot["k"].t[:, :, :n], slot["k_meta"].t[:, :, :n], D, self.group_size,
+                                 out=self.deq["k"].t[:, :, :n])
+            v = quant.dequantize(slot["v"].t[:, :, :n], slot["v_meta"].t[:, :, :n], D, self.group_size,
+                                 out=self.deq["v"].t[:, :, :n])
+            return k, v, mask
+        return slot["k"].t[:, :, :n], slot["v"].t[:, :, :n], mask
+
+    def _host_kv_cpu(self, layer: int):
+        """(k, v, mask) of the host part on the host (dequantized when compressed)."""
+        host = self.host[layer]
+        if self.compress_kv:
+            codes, meta = host
+            D = self.ctx.head_dim
+            return (quant.dequantize(codes.k, meta.k, D, self.group_size),
+                    quant.dequantize(codes.v, meta.v, D, self.group_size), codes.mask)
+        return host.k, host.v, host.mask
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        scale = self.ctx.scale
+        gpu = self.gpu[layer]
+        new_on_gpu = gpu is not None and gpu.length < self.n_gpu
+        if new_on_gpu:
+            gpu.append(k, v)
+        parts = []
+        if self.attention_on == "gpu":
+            if self._host_len(layer) > 0 or self.prefetcher.pending(layer):
+                sk, sv, sm = self._staged(layer)
+                if sk.shape[2]:
+                    parts.append(partial_attention(q, sk, sv, scale, sm))
+            if not new_on_gpu:
+                parts.append(partial_attention(q, k, v, scale))
+                self._host_append(layer, k, v, None)
+            if gpu is not None and gpu.length:
+                parts.append(partial_attention(q, gpu.k, gpu.v, scale, gpu.mask))
+        else:
+            fut = None
+            if self._host_len(layer) > 0:
+                hk, hv, hm = self._host_kv_cpu(layer)
+                q_host = q.to(hk.device, non_blocking=True)
+                self.count("bytes_d2h", self.kv_bytes(q))
+                fut = self.pool.submit(partial_attention, q_host, hk, hv, scale, hm)
+            if gpu is not None and gpu.length:
+                parts.append(partial_attention(q, gpu.k, gpu.v, scale, gpu.mask))
+            if not new_on_gpu:
+                parts.append(partial_attention(q, k, v, scale))
+            if fut is not None:
+                h_out, h_lse = fut.result()
+                self.count("bytes_h2d", self.kv_bytes(h_out) + self.kv_bytes(h_lse))
+                parts.append((h_out.to(q.device), h_lse.to(q.device)))
+            if not new_on_gpu:
+                self._host_append(layer, k, v, None)
+        out, _ = merge_partials(parts)
+        return out
+
+    def release(self) -> None:
+        if getattr(self, "prefetcher", None) is not None:
+            self.prefetcher.drain()
+        super().release()
+        self.gpu, self.host, self.stage, self.deq = [], [], None, None

@@ -1,0 +1,252 @@
+"""InfiniGen: speculative prefetch of the important KV from host memory.
+
+Lee et al., "InfiniGen: Efficient Generative Inference of Large Language Models with Dynamic
+KV Cache Management", OSDI 2024. The KV cache lives in host memory. Offline, the query and key
+of every head are *skewed* by an orthogonal matrix A (from an SVD of the query, so
+(Q A)(K A)ᵀ = Q Kᵀ while a few columns carry most of the magnitude); the top
+``partial_weight_ratio`` columns form partial query weights and a partial key cache kept on
+the GPU. While layer l runs, InfiniGen computes layer l+1's approximate attention from layer
+l's input with the partial query weights against the partial keys, and prefetches the tokens
+whose speculative score is within ``alpha`` of the maximum (capped at ``max_num_kv``).
+Layer l+1 then attends exactly over the prefetched tokens (+ the new token).
+
+Choices where the paper is silent or which we adapt:
+- skewing is computed at prefill from the prompt's own (rotated) queries, per KV head: A is
+  the right singular vectors of the group's stacked queries (eigenvectors of Σ qqᵀ, largest
+  first); the paper uses a sample input offline. For RoPE models A cannot be folded into
+  W_q / W_k (the rotation sits between them), so it is applied after rotary: q A and k A.
+  The dot products are unchanged either way (A orthogonal);
+- the partial columns per KV head are the r = round(ratio x D) columns with the largest
+  (Σ_t |q̃_tc|) x (Σ_t |k̃_tc|) over the prompt; the partial query is the full stand-in query
+  (``engine.stand_in_query(l + 1, hidden_l)``) projected on those r skewed columns;
+- GQA: a token's speculative score for a KV head is the MAX over the group's query heads
+  (one fetch per KV head serves the group; alpha keeps its logit units);
+- the number fetched is the mean over batch and KV heads of the per-head count of tokens
+  within alpha of that head's max (rounded, at least 1), capped by ``budget`` (max_num_kv:
+  the tokens attended, new token included, are at most budget.resolve(context so far));
+  then the top-n per head. Tokens are gathered on the host into a staging buffer and copied
+  to a double-buffered gpu-tier fetch buffer (async on a CUDA stream when available);
+- layer 0 has no previous layer to speculate from: it selects with its own exact query
+  (skewed, partial columns) at decode time; so does every layer when there is no engine
+  (method-level use) or ``speculate=False``;
+- the host pool's eviction policy (for host memory limits) is not implemented: the host
+  keeps all KV;
+- 'bytes_h2d' counts fetched K/V rows (+ mask); 'bytes_d2h' the KV written to the host
+  and the selected indices sent down; 'speculated' counts layers selected from the previous
+  layer's input.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from baselines.common import BaselineMethod, TierBuffer, attend_with_new, gather_mask, gather_tokens, needs_mask
+from baselines.prefetch import Prefetcher
+from hybridgen.errors import ConfigError
+from hybridgen.kv import KVSegment
+from hybridgen.methods import Budget, MethodContext, register
+
+
+def skew_matrices(q: Tensor, num_kv_heads: int, valid: Optional[Tensor] = None) -> Tensor:
+    """Orthogonal skewing matrices A [Hkv, D, D] from queries q [B, Hq, T, D].
+
+    Columns are the eigenvectors of Σ q qᵀ over the group's heads and real tokens, largest
+    eigenvalue first (= right singular vectors of the stacked queries).
+    """
+    B, Hq, T, D = q.shape
+    qd = q.double()
+    if valid is not None:
+        qd = qd * valid[:, None, :, None]
+    qg = qd.reshape(B, num_kv_heads, Hq // num_kv_heads, T, D)
+    cov = torch.einsum("bhgtd,bhgte->hde", qg, qg)
+    evals, evecs = torch.linalg.eigh(cov)  # ascending
+    return evecs.flip(-1).to(q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32)
+
+
+def partial_columns(q: Tensor, k: Tensor, A: Tensor, r: int, valid: Optional[Tensor] = None) -> Tensor:
+    """Indices [Hkv, r] of the skewed columns with the largest Σ|q̃| x Σ|k̃|."""
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    qs = torch.einsum("bhgtd,hde->bhgte", q.float().reshape(B, Hkv, Hq // Hkv, T, D), A.float())
+    ks = torch.einsum("bhtd,hde->bhte", k.float(), A.float())
+    if valid is not None:
+        qs = qs * valid[:, None, None, :, None]
+        ks = ks * valid[:, None, :, None]
+    score = qs.abs().sum(dim=(0, 2, 3)) * ks.abs().sum(dim=(0, 2))  # [Hkv, D]
+    return torch.topk(score, r, dim=-1).indices.sort(dim=-1).values
+
+
+def fetch_count(score: Tensor, alpha: float, cap: int) -> int:
+    """InfiniGen's fetch size: mean per-head count of scores >= max - alpha, capped. score [B, H, n]."""
+    mx = score.amax(dim=-1, keepdim=True)
+    count = (score >= mx - alpha).sum(dim=-1).float()
+    return int(min(cap, max(1, round(float(count.mean())))))
+
+
+@register("infinigen")
+@dataclass
+class InfiniGen(BaselineMethod):
+    """Speculative top-KV prefetch from host memory with SVD-skewed partial Q/K.
+
+    budget: max_num_kv, tokens attended per step (ratio of the context so far, or tokens).
+    alpha: speculative-score margin below the max (4). partial_weight_ratio: skewed columns
+    kept (0.2). host_tier: where the full KV lives. speculate: use layer l's input to select
+    layer l+1's tokens (needs the engine). async_copy: CUDA stream when available.
+    """
+
+    budget: Budget = Budget(ratio=0.2)
+    alpha: float = 4.0
+    partial_weight_ratio: float = 0.2
+    host_tier: str = "dram"
+    speculate: bool = True
+    async_copy: bool = True
+
+    def __post_init__(self):
+        self.budget = Budget.parse(self.budget)
+        if not (0.0 < self.partial_weight_ratio <= 1.0):
+            raise ConfigError(f"infinigen: partial_weight_ratio must be in (0, 1], got {self.partial_weight_ratio}")
+        if not (self.alpha >= 0):
+            raise ConfigError(f"infinigen: alpha must be >= 0, got {self.alpha}")
+        if self.host_tier not in ("dram", "cxl"):
+            raise ConfigError(f"infinigen: host_tier must be 'dram' or 'cxl', got {self.host_tier!r}")
+
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        L = ctx.num_layers
+        self.r = max(1, int(round(self.partial_weight_ratio * ctx.head_dim)))
+        self.host: List[Optional[KVSegment]] = [None] * L
+        self.pkeys: List[Optional[TierBuffer]] = [None] * L  # [B, Hkv, max_len, r] on gpu
+        self.pweights: List[Optional[TierBuffer]] = [None] * L  # A[:, :, cols] [Hkv, D, r] on gpu
+        self.plen = [0] * L
+        self.slots: Optional[list] = None
+        self.fetched: List[Optional[Tuple[int, int]]] = [None] * L  # (slot, n) ready for decode
+        self.prefetcher = Prefetcher(ctx.compute_device, force_sync=not self.async_copy)
+        self.with_mask = False
+        self.last_fetch = [0] * L
+
+    def _alloc_slots(self) -> None:
+        ctx = self.ctx
+        B, H, D = ctx.batch_size, ctx.num_kv_heads, ctx.head_dim
+        cap = max(1, self.budget.resolve(ctx.max_len))
+        self.fetch_cap = cap
+        self.slots = []
+        for i in range(2):
+            slot = {}
+            for tier, where in (("gpu", "dev"), (self.host_tier, "host")):
+                slot[where + "_k"] = self.buffer(tier, f"shared/fetch{i}/{where}_k", (B * H * cap * D,), ctx.dtype)
+                slot[where + "_v"] = self.buffer(tier, f"shared/fetch{i}/{where}_v", (B * H * cap * D,), ctx.dtype)
+                if self.with_mask:
+                    slot[where + "_m"] = self.buffer(tier, f"shared/fetch{i}/{where}_mask", (B * H * cap,), torch.bool)
+            self.slots.append(slot)
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        ctx = self.ctx
+        B, H, T, D = k.shape
+        if layer == 0:
+            self.with_mask = needs_mask(valid)
+        A = skew_matrices(q, H, valid)
+        cols = partial_columns(q, k, A, self.r, valid)  # [Hkv, r]
+        pw = self.buffer("gpu", f"layer{layer}/partial_weight", (H, D, self.r), A.dtype)
+        pw.t.copy_(torch.gather(A, 2, cols[:, None, :].expand(H, D, self.r)))
+        pk = self.buffer("gpu", f"layer{layer}/partial_keys", (B, H, ctx.max_len, self.r), k.dtype)
+        pk.t[:, :, :T] = self._project(k, pw.t)
+        self.plen[layer] = T
+        host = self.segment(self.host_tier, f"layer{layer}/host", ctx.max_len, self.with_mask)
+        host.append(k.to(host.device), v.to(host.device), None if valid is None else valid.to(host.device))
+        self.count("bytes_d2h", self.kv_bytes(k) + self.kv_bytes(v))
+        self.host[layer], self.pkeys[layer], self.pweights[layer] = host, pk, pw
+        if self.slots is None:
+            self._alloc_slots()
+
+    @staticmethod
+    def _project(k: Tensor, pw: Tensor) -> Tensor:
+        """k [B, Hkv, T, D] x pw [Hkv, D, r] -> [B, Hkv, T, r]."""
+        return torch.einsum("bhtd,hdr->bhtr", k, pw.to(k.dtype))
+
+    # ------------------------------------------------------------------ selection + fetch
+    def speculative_scores(self, layer: int, q: Tensor) -> Tensor:
+        """Partial logits [B, Hkv, n] (max over each group's query heads) of q [B, Hq, 1, D]."""
+        ctx = self.ctx
+        B, Hq, _, D = q.shape
+        H = ctx.num_kv_heads
+        pw = self.pweights[layer].t
+        qp = torch.einsum("bhgd,hdr->bhgr", q.reshape(B, H, Hq // H, D), pw.to(q.dtype))
+        n = self.plen[layer]
+        logits = torch.matmul(qp, self.pkeys[layer].t[:, :, :n].transpose(-1, -2)).float() * ctx.scale
+        score = logits.amax(dim=2)  # [B, Hkv, n]
+        mask = self.host[layer].mask
+        if mask is not None:
+            score = score.masked_fill(~mask.to(score.device), float("-inf"))
+        return score
+
+    def _select_and_fetch(self, layer: int, q: Tensor) -> None:
+        n_ctx = self.plen[layer]
+        cap = max(0, self.budget.resolve(n_ctx + 1) - 1)
+        slot_id = layer % 2
+        if cap == 0 or n_ctx == 0:
+            self.fetched[layer] = (slot_id, 0)
+            return
+        score = self.speculative_scores(layer, q)
+        n = fetch_count(score, self.alpha, cap)
+        idx = torch.topk(score, n, dim=-1).indices  # [B, Hkv, n]
+        host = self.host[layer]
+        idx_h = idx.to(host.device)
+        self.count("bytes_d2h", self.kv_bytes(idx))
+        B, H, _, D = host.k.shape
+        slot = self.slots[slot_id]
+        self.prefetcher.reuse(slot_id)  # the previous copy out of this host staging slot is done
+        hk = slot["host_k"].t[: B * H * n * D].view(B, H, n, D)
+        hv = slot["host_v"].t[: B * H * n * D].view(B, H, n, D)
+        torch.gather(host.k, 2, idx_h[..., None].expand(-1, -1, -1, D), out=hk)
+        torch.gather(host.v, 2, idx_h[..., None].expand(-1, -1, -1, D), out=hv)
+        pairs = [(slot["dev_k"].t[: hk.numel()], hk.view(-1)), (slot["dev_v"].t[: hv.numel()], hv.view(-1))]
+        if "host_m" in slot:
+            hm = slot["host_m"].t[: B * H * n].view(B, H, n)
+            torch.gather(host.mask, 2, idx_h, out=hm)
+            pairs.append((slot["dev_m"].t[: hm.numel()], hm.view(-1)))
+        self.count("bytes_h2d", self.prefetcher.start(layer, pairs, buffer=slot_id))
+        self.fetched[layer] = (slot_id, n)
+        self.last_fetch[layer] = n
+
+    def on_layer_input(self, layer: int, hidden: Tensor) -> None:
+        nxt = layer + 1
+        eng = self.ctx.engine
+        if not self.speculate or eng is None or nxt >= self.ctx.num_layers or self.host[nxt] is None:
+            return
+        q_spec = eng.stand_in_query(nxt, hidden, eng.current_positions)
+        self._select_and_fetch(nxt, q_spec)
+        self.count("speculated", 1)
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        ctx = self.ctx
+        if self.fetched[layer] is None:
+            self._select_and_fetch(layer, q)
+        slot_id, n = self.fetched[layer]
+        self.fetched[layer] = None
+        self.prefetcher.wait(layer)
+        B, H, _, D = k.shape
+        slot = self.slots[slot_id]
+        fk = slot["dev_k"].t[: B * H * n * D].view(B, H, n, D)
+        fv = slot["dev_v"].t[: B * H * n * D].view(B, H, n, D)
+        fm = slot["dev_m"].t[: B * H * n].view(B, H, n) if "dev_m" in slot else None
+        out, _ = attend_with_new(q, fk, fv, fm, k, v, ctx.scale)
+        # store the new token: full KV to the host, partial key on the GPU
+        host = self.host[layer]
+        host.append(k.to(host.device), v.to(host.device))
+        self.count("bytes_d2h", self.kv_bytes(k) + self.kv_bytes(v))
+        p = self.plen[layer]
+        self.pkeys[layer].t[:, :, p:p + 1] = self._project(k, self.pweights[layer].t)
+        self.plen[layer] = p + 1
+        return out
+
+    def release(self) -> None:
+        if getattr(self, "prefetcher", None) is not None:
+            self.prefetcher.drain()
+        super().release()
+        self.host, self.pkeys, self.pweights, self.slots = [], [], [], None

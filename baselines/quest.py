@@ -1,0 +1,156 @@
+"""Quest: query-aware page selection by per-channel key bounds.
+
+Tang et al., "Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference", ICML 2024.
+The KV cache is split into pages of ``page_size`` (16) tokens; each page keeps the per-channel
+minimum and maximum of its keys. At a decode step the upper bound of q·k over a page is
+Σ_d max(q_d · min_d, q_d · max_d); the top-K pages by this bound (K = token budget / page
+size) are attended exactly. The whole KV stays resident (Quest saves memory *reads*, not
+memory), on the GPU as in the paper.
+
+Choices where the paper is silent:
+- GQA: pages are chosen per KV head from the SUM of its query heads' bounds, so one gather
+  of K/V rows serves the whole group;
+- the page holding the newest token (the last, possibly partial page) is always selected and
+  counts toward K; K = max(1, budget // page_size); when the budget covers the context the
+  step is dense;
+- a ratio budget is a ratio of the tokens so far (prompt + generated, including the new one);
+- the first ``dense_layers`` (2) layers run dense, as in Quest's evaluation (they are not
+  sparse enough); set 0 to apply Quest everywhere;
+- left padding: padded keys are left out of the page bounds; all-padding pages are never
+  chosen unless K exceeds the real pages;
+- page metadata (min in the ``k`` slot, max in the ``v`` slot of a KVSegment of pages) lives
+  on the same tier as the KV and is updated in place as the last page fills.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_reduce, needs_mask
+from hybridgen.attention import partial_attention
+from hybridgen.errors import ConfigError
+from hybridgen.kv import KVSegment
+from hybridgen.methods import Budget, MethodContext, register
+
+
+def page_bounds(k: Tensor, valid: Optional[Tensor], page_size: int):
+    """Per-page channel min/max of keys. k [B, H, T, D], valid [B, H, T] or None.
+
+    Returns (kmin, kmax [B, H, P, D], page_valid [B, H, P]); all-padding pages get zeros.
+    """
+    B, H, T, D = k.shape
+    P = math.ceil(T / page_size)
+    pad = P * page_size - T
+    kf = k.float()
+    m = torch.ones(B, H, T, dtype=torch.bool, device=k.device) if valid is None else valid.expand(B, H, T)
+    if pad:
+        kf = torch.cat([kf, kf.new_zeros(B, H, pad, D)], dim=2)
+        m = torch.cat([m, m.new_zeros(B, H, pad)], dim=2)
+    kf = kf.view(B, H, P, page_size, D)
+    mm = m.view(B, H, P, page_size)[..., None]
+    kmin = kf.masked_fill(~mm, float("inf")).amin(dim=3)
+    kmax = kf.masked_fill(~mm, float("-inf")).amax(dim=3)
+    pv = mm[..., 0].any(dim=3)
+    kmin = torch.where(pv[..., None], kmin, torch.zeros_like(kmin))
+    kmax = torch.where(pv[..., None], kmax, torch.zeros_like(kmax))
+    return kmin.to(k.dtype), kmax.to(k.dtype), pv
+
+
+def upper_bound(q: Tensor, kmin: Tensor, kmax: Tensor) -> Tensor:
+    """Σ_d max(q_d min_d, q_d max_d) per query head and page.
+
+    q [B, Hq, 1, D]; kmin, kmax [B, Hkv, P, D] -> [B, Hq, P] float32.
+    """
+    B, Hq, _, D = q.shape
+    Hkv, P = kmin.shape[1], kmin.shape[2]
+    qg = q.float().reshape(B, Hkv, Hq // Hkv, D)
+    ub = torch.matmul(qg.clamp(min=0), kmax.float().transpose(-1, -2)) + \
+        torch.matmul(qg.clamp(max=0), kmin.float().transpose(-1, -2))
+    return ub.reshape(B, Hq, P)
+
+
+@register("quest")
+@dataclass
+class Quest(BaselineMethod):
+    """Top-K pages by key-bound upper bound, exact attention over them; full KV resident.
+
+    budget: tokens attended per step (ratio of the context so far, or tokens).
+    page_size: tokens per page (16). dense_layers: leading layers left dense (2).
+    tier: where KV and page metadata live ('gpu' as in Quest).
+    """
+
+    budget: Budget = Budget(ratio=0.2)
+    page_size: int = 16
+    dense_layers: int = 2
+    tier: str = "gpu"
+
+    def __post_init__(self):
+        self.budget = Budget.parse(self.budget)
+        if self.page_size < 1:
+            raise ConfigError(f"quest: page_size must be >= 1, got {self.page_size}")
+        if self.dense_layers < 0:
+            raise ConfigError(f"quest: dense_layers must be >= 0, got {self.dense_layers}")
+
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        L = ctx.num_layers
+        self.kv: List[Optional[KVSegment]] = [None] * L
+        self.pages: List[Optional[KVSegment]] = [None] * L
+        self.last_selected: List[Optional[Tensor]] = [None] * L  # page ids [B, Hkv, K] (None = dense)
+
+    def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        ctx = self.ctx
+        with_mask = needs_mask(valid)
+        kv = self.segment(self.tier, f"layer{layer}/kv", ctx.max_len, with_mask)
+        kv.append(k, v, valid)
+        self.kv[layer] = kv
+        if layer < self.dense_layers:
+            return
+        pages = self.segment(self.tier, f"layer{layer}/pages", math.ceil(ctx.max_len / self.page_size), with_mask)
+        kmin, kmax, pv = page_bounds(k, None if valid is None else valid[:, None, :], self.page_size)
+        pages.append(kmin, kmax, pv if with_mask else None)
+        self.pages[layer] = pages
+
+    def _update_pages(self, layer: int, k: Tensor, index: int) -> None:
+        """Fold the new key (token ``index``) into its page's bounds."""
+        pages = self.pages[layer]
+        p = index // self.page_size
+        if p == pages.length:
+            pages.append(k, k)
+            return
+        # the last prompt token is real in every row (left padding), so page p has real bounds
+        kmin = torch.minimum(pages.k[:, :, p:p + 1], k)
+        kmax = torch.maximum(pages.v[:, :, p:p + 1], k)
+        pages.write(p, kmin, kmax)
+
+    def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        kv = self.kv[layer]
+        index = kv.length
+        kv.append(k, v)
+        scale = self.ctx.scale
+        if layer < self.dense_layers:
+            return partial_attention(q, kv.k, kv.v, scale, kv.mask)[0]
+        self._update_pages(layer, k, index)
+        total = kv.length
+        pages = self.pages[layer]
+        P = pages.length
+        n_pages = max(1, self.budget.resolve(total) // self.page_size)
+        if self.budget.resolve(total) >= total or n_pages >= P:
+            self.last_selected[layer] = None
+            return partial_attention(q, kv.k, kv.v, scale, kv.mask)[0]
+        H = self.ctx.num_kv_heads
+        ub = group_reduce(upper_bound(q, pages.k, pages.v), H, "sum")  # [B, Hkv, P]
+        if pages.mask is not None:
+            ub = ub.masked_fill(~pages.mask, float("-inf"))
+        ub[..., P - 1] = float("inf")  # the current page is always attended
+        sel = torch.topk(ub, n_pages, dim=-1).indices.sort(dim=-1).values  # [B, Hkv, K]
+        self.last_selected[layer] = sel
+        tok = (sel[..., None] * self.page_size + torch.arange(self.page_size, device=sel.device)).flatten(2)
+        in_range = tok < total
+        tok = tok.clamp(max=total - 1)
+        mask = in_range if kv.mask is None else in_range & gather_mask(kv.mask, tok)
+        return partial_attention(q, gather_tokens(kv.k, tok), gather_tokens(kv.v, tok), scale, mask)[0]

@@ -1,0 +1,124 @@
+"""SnapKV: the prompt's last queries vote for the prefix tokens worth keeping.
+
+Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", NeurIPS 2024.
+At the end of prefill, the attention of the last ``window`` queries (the observation window)
+over the prefix keys is summed over the window, smoothed by a 1-D pooling along tokens
+(kernel 7, max-pool), and the top-(budget - window) prefix tokens per head are kept together
+with the window itself. Decoding is dense over the kept tokens plus every generated token.
+
+Choices where the paper is silent:
+- GQA: a KV head's vote is the MEAN over its query heads of their window-summed attention,
+  taken before pooling (so the cache keeps ``num_kv_heads`` heads);
+- the window queries' softmax runs over all prompt keys with the causal mask (as in the
+  reference code); only the prefix (non-window) columns are voted on;
+- pooling pads with -inf at the ends (max-pool with padding kernel // 2, stride 1), so the
+  pooled length equals the prefix length;
+- the budget counts the window; a budget below ``window`` keeps the last ``budget`` tokens;
+  a budget at or above the prompt keeps everything; the budget applies to the prompt only:
+  generated tokens are appended (as in the paper), capacity reserved for them at prefill;
+- left padding: padded keys get no probability and a -inf vote (after pooling), padded
+  window queries vote nothing;
+- kept indices are sorted by position (order does not change attention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_reduce, needs_mask
+from hybridgen.attention import attention_logits, partial_attention
+from hybridgen.errors import ConfigError
+from hybridgen.kv import KVSegment
+from hybridgen.methods import Budget, MethodContext, register
+
+
+def snapkv_votes(q: Tensor, k: Tensor, scale: float, window: int, kernel: int, valid: Optional[Tensor],
+                 pooling: str = "max") -> Tensor:
+    """Pooled votes [B, Hkv, T - window] of the last ``window`` queries for the prefix tokens.
+
+    q [B, Hq, T, D]; k [B, Hkv, T, D]; valid [B, T] or None.
+    """
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    w = window
+    logits = attention_logits(q[:, :, T - w:], k, scale)  # [B, Hq, w, T]
+    qpos = torch.arange(T - w, T, device=q.device)[:, None]
+    allowed = (torch.arange(T, device=q.device)[None, :] <= qpos)[None, None]
+    if valid is not None:
+        allowed = allowed & valid[:, None, None, :] & valid[:, None, T - w:, None]
+    probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    votes = group_reduce(probs[..., : T - w].sum(dim=2), Hkv, "mean")  # [B, Hkv, T - w]
+    if kernel > 1:
+        flat = votes.reshape(B * Hkv, 1, T - w)
+        if pooling == "max":
+            flat = F.max_pool1d(flat, kernel_size=kernel, stride=1, padding=kernel // 2)
+        else:
+            flat = F.avg_pool1d(flat, kernel_size=kernel, stride=1, padding=kernel // 2, count_include_pad=False)
+        votes = flat.reshape(B, Hkv, -1)[..., : T - w]
+    if valid is not None:
+        votes = votes.masked_fill(~valid[:, None, : T - w], float("-inf"))
+    return votes
+
+
+def snapkv_selection(q: Tensor, k: Tensor, scale: float, keep: int, window: int, kernel: int,
+                     valid: Optional[Tensor], pooling: str = "max") -> Tensor:
+    """Kept token indices [B, Hkv, keep] (sorted): top-(keep - window) voted prefix tokens + window."""
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    if keep >= T:
+        return torch.arange(T, device=k.device).expand(B, Hkv, T)
+    w = min(window, keep)
+    win = torch.arange(T - w, T, device=k.device).expand(B, Hkv, w)
+    if keep == w:
+        return win
+    votes = snapkv_votes(q, k, scale, w, kernel, valid, pooling)
+    top = torch.topk(votes, keep - w, dim=-1).indices
+    return torch.cat([top, win], dim=-1).sort(dim=-1).values
+
+
+@register("snapkv")
+@dataclass
+class SnapKV(BaselineMethod):
+    """Observation-window voting at prefill; dense decoding over the kept + generated tokens.
+
+    budget: prompt tokens kept (window included). window: observation window (32).
+    kernel: pooling kernel (7). pooling: 'max' (paper) or 'avg'. tier: where the cache lives.
+    """
+
+    budget: Budget = Budget(ratio=0.2)
+    window: int = 32
+    kernel: int = 7
+    pooling: str = "max"
+    tier: str = "gpu"
+
+    def __post_init__(self):
+        self.budget = Budget.parse(self.budget)
+        if self.window < 1:
+            raise ConfigError(f"snapkv: window must be >= 1, got {self.window}")
+        if self.kernel < 1 or self.kernel % 2 == 0:
+            raise ConfigError(f"snapkv: kernel must be an odd number >= 1, got {self.kernel}")
+        if self.pooling not in ("max", "avg"):
+            raise ConfigError(f"snapkv: pooling must be 'max' or 'avg', got {self.pooling!r}")
+
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        self.cache: List[Optional[KVSegment]] = [None] * ctx.num_layers
+
+    def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        ctx = self.ctx
+        T = k.shape[2]
+        keep = self.budget.resolve(T)
+        idx = snapkv_selection(q, k, ctx.scale, keep, self.window, self.kernel, valid, self.pooling)
+        seg = self.segment(self.tier, f"layer{layer}/kv", idx.shape[-1] + ctx.max_new_tokens, needs_mask(valid))
+        seg.append(gather_tokens(k, idx), gather_tokens(v, idx), gather_mask(valid, idx))
+        self.cache[layer] = seg
+
+    def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        seg = self.cache[layer]
+        seg.append(k, v)
+        out, _ = partial_attention(q, seg.k, seg.v, self.ctx.scale, seg.mask)
+        return out

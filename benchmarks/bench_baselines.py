@@ -1,0 +1,214 @@
+"""Baselines benchmark (a script, not a test): every KV method on the real SmolLM2-135M.
+
+    NUMBA_THREADING_LAYER=workqueue .venv/bin/python benchmarks/bench_baselines.py \
+        [--ctx 2048[,4096,...]] [--new-tokens 128] [--budget 0.2] [--batch 1] \
+        [--methods full,flexgen,...] [--source pydoc] [--dtype float32] [--out results/baselines]
+
+Per method and context length, one prefill of the same prompt, then ``--new-tokens`` decode
+steps TEACHER-FORCED with `full`'s greedy tokens (so every method sees the same prefix and
+its logits can be compared position by position with full's). Reported per method:
+- decode ms/token: median wall time of one decode step (the engine's decode_step);
+- bytes held per tier (MiB) at the end of decoding, and the peak, from the store's ledger;
+- bytes moved per decode step: host->GPU ('bytes_h2d') and GPU->host ('bytes_d2h') during
+  the decode steps / steps (the prompt's one-off offload is reported apart, prefill_d2h);
+- fidelity to `full`: top-1 next-token agreement and mean KL(full || method) over the
+  generated positions (hybridgen.eval.fidelity).
+Methods with a budget run at ``--budget`` (20% by default). One table is printed and a CSV
+per context is written to ``--out`` (with a README holding the command and the environment).
+
+Without CUDA the gpu tier is emulated on the CPU: times show CPU kernels and the harness's
+copies (e.g. FlexGen's per-layer host->"GPU" copies are real memcpys), not GPU speed; bytes
+held / moved and fidelity are exact on any machine. The 1-minute load average is recorded
+per method: on a shared machine compare times only between rows of similar load.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+for _v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(_v, "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
+from hybridgen.eval.fidelity import fidelity  # noqa: E402
+from hybridgen.kv import TieredStore  # noqa: E402
+from hybridgen.methods import build_method  # noqa: E402
+
+MiB = 2 ** 20
+
+# name -> (registry name, parameters; "{budget}" is replaced by --budget)
+METHODS: Dict[str, tuple] = {
+    "full": ("full", {}),
+    "flexgen": ("flexgen", {}),
+    "flexgen-int4": ("flexgen", {"compress_kv": True}),
+    "flexgen-cpu": ("flexgen", {"attention_on": "cpu"}),
+    "infinigen": ("infinigen", {"budget": "{budget}"}),
+    "h2o": ("h2o", {"budget": "{budget}"}),
+    "snapkv": ("snapkv", {"budget": "{budget}"}),
+    "streamingllm": ("streamingllm", {"budget": "{budget}"}),
+    "quest": ("quest", {"budget": "{budget}"}),
+}
+
+
+def _make(name: str, budget: str):
+    if name not in METHODS:
+        raise ConfigError(f"unknown benchmark method {name!r}; choose from: {', '.join(METHODS)}")
+    reg, params = METHODS[name]
+    params = {k: (budget if v == "{budget}" else v) for k, v in params.items()}
+    return build_method(reg, **params)
+
+
+def run_one(engine, method, ids, ref_tokens, pool=None) -> dict:
+    """Prefill + teacher-forced decode of ``ref_tokens`` [B, n]; timings, bytes, logits [B, n, V]."""
+    n = int(ref_tokens.shape[1])
+    store = TieredStore()
+    sync = (lambda: torch.cuda.synchronize()) if engine.device.type == "cuda" else (lambda: None)
+    try:
+        sync()
+        t0 = time.perf_counter()
+        logits = [engine.prefill(ids, None, method, store=store, max_new_tokens=n, pool=pool)]
+        sync()
+        prefill_s = time.perf_counter() - t0
+        after_prefill = store.bytes_by_tier()
+        stats0 = dict(method.stats)  # prefill-time traffic is not per-step traffic
+        load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        step_s = []
+        for t in range(n - 1):
+            t1 = time.perf_counter()
+            logits.append(engine.decode_step(ref_tokens[:, t], method))
+            sync()
+            step_s.append(time.perf_counter() - t1)
+        held = store.bytes_by_tier()
+        peak = store.peak_by_tier()
+        stats = dict(method.stats)
+        load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        emulated = {k: v["emulated"] for k, v in store.describe().items()}
+    finally:
+        engine.release()
+    steps = max(1, len(step_s))
+    return {"logits": torch.stack(logits, 1), "prefill_s": prefill_s, "step_s": step_s,
+            "held": held, "peak": peak, "after_prefill": after_prefill, "stats": stats,
+            "h2d_per_step": (stats.get("bytes_h2d", 0) - stats0.get("bytes_h2d", 0)) / steps,
+            "d2h_per_step": (stats.get("bytes_d2h", 0) - stats0.get("bytes_d2h", 0)) / steps,
+            "prefill_d2h": stats0.get("bytes_d2h", 0), "load": (load0 + load1) / 2, "emulated": emulated}
+
+
+def _table(rows: List[dict], cols: List[str]) -> str:
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    line = "  ".join(c.ljust(widths[c]) for c in cols)
+    out = [line, "  ".join("-" * widths[c] for c in cols)]
+    for r in rows:
+        out.append("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
+    return "\n".join(out)
+
+
+def _fmt(x: float, nd: int = 2) -> str:
+    return f"{x:.{nd}f}"
+
+
+@cli_errors
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--ctx", default="2048", help="comma-separated prompt lengths")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--budget", default="0.2")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--source", default="pydoc")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--out", default="results/baselines")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for nm in names:
+        _make(nm, args.budget)  # fail early on typos
+    if "full" not in names:
+        names.insert(0, "full")
+    from hybridgen.data.sources import prompt_ids
+    from hybridgen.model import load_model
+
+    engine = load_model(args.model, dtype=args.dtype)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = "NUMBA_THREADING_LAYER=workqueue .venv/bin/python benchmarks/bench_baselines.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    all_rows = []
+    for ctx_len in [int(c) for c in str(args.ctx).split(",")]:
+        ids = prompt_ids(engine.tokenizer, engine.spec.vocab_size, args.source, args.batch, ctx_len, args.seed)
+        print(f"\n== {args.model}  context {ctx_len}  batch {args.batch}  new tokens {args.new_tokens}  "
+              f"budget {args.budget}  threads {torch.get_num_threads()}  device {engine.device}", flush=True)
+        t0 = time.perf_counter()
+        store = TieredStore()
+        ref = engine.generate(ids, _make("full", args.budget), max_new_tokens=args.new_tokens, store=store,
+                              return_logits=True)
+        ref_tokens = ref.tokens
+        # `full`'s own greedy run is its teacher-forced run: reuse it instead of running it twice
+        results = {"full": {"logits": ref.logits, "prefill_s": ref.prefill_s, "step_s": ref.step_s,
+                            "held": ref.bytes_by_tier, "peak": ref.peak_bytes_by_tier, "stats": ref.method_stats,
+                            "h2d_per_step": 0.0, "d2h_per_step": 0.0, "prefill_d2h": 0,
+                            "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+                            "emulated": {k: v["emulated"] for k, v in ref.store_description.items()}}}
+        print(f"  full: {time.perf_counter() - t0:.1f} s", flush=True)
+        for nm in names:
+            if nm == "full":
+                continue
+            t0 = time.perf_counter()
+            results[nm] = run_one(engine, _make(nm, args.budget), ids, ref_tokens)
+            print(f"  {nm}: {time.perf_counter() - t0:.1f} s", flush=True)
+        ref_logits = results["full"]["logits"]
+        rows = []
+        for nm in names:
+            r = results[nm]
+            fid = fidelity(ref_logits[:, 1:], r["logits"][:, 1:])  # the decode positions
+            fid0 = fidelity(ref_logits[:, :1], r["logits"][:, :1])  # the prefill position (sanity)
+            rows.append({
+                "model": args.model, "context": ctx_len, "batch": args.batch, "new_tokens": args.new_tokens,
+                "method": nm, "params": json.dumps(_make(nm, args.budget).config(), sort_keys=True),
+                "prefill_s": _fmt(r["prefill_s"]),
+                "decode_ms_per_token": _fmt(1e3 * statistics.median(r["step_s"])) if r["step_s"] else "nan",
+                "gpu_MiB": _fmt(r["held"]["gpu"] / MiB), "dram_MiB": _fmt(r["held"]["dram"] / MiB),
+                "cxl_MiB": _fmt(r["held"]["cxl"] / MiB),
+                "peak_gpu_MiB": _fmt(r["peak"]["gpu"] / MiB), "peak_dram_MiB": _fmt(r["peak"]["dram"] / MiB),
+                "h2d_KiB_per_step": _fmt(r["h2d_per_step"] / 1024, 1),
+                "d2h_KiB_per_step": _fmt(r["d2h_per_step"] / 1024, 1),
+                "top1_agreement": _fmt(fid["top1_agreement"], 4), "mean_kl": f"{fid['mean_kl']:.3g}",
+                "prefill_top1": _fmt(fid0["top1_agreement"], 2),
+                "prefill_d2h_MiB": _fmt(r["prefill_d2h"] / MiB),
+                "gpu_emulated": r["emulated"]["gpu"], "load_avg_1min": _fmt(r["load"], 1),
+            })
+        cols = ["method", "decode_ms_per_token", "prefill_s", "gpu_MiB", "dram_MiB", "h2d_KiB_per_step",
+                "d2h_KiB_per_step", "top1_agreement", "mean_kl"]
+        print(_table(rows, cols), flush=True)
+        path = out_dir / f"{args.model}_ctx{ctx_len}_b{args.batch}_budget{args.budget}.csv"
+        with open(path, "w", newline="") as f:
+            f.write(f"# command: {command}\n")
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {path}")
+        all_rows.extend(rows)
+    try:
+        from hybridgen.eval.environment import environment
+        env = environment()
+    except Exception as err:  # the environment record is a nicety; never lose the numbers for it
+        env = {"error": str(err)}
+    (out_dir / "environment.json").write_text(json.dumps(env, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

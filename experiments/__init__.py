@@ -1,0 +1,1 @@
+"""Experiment harness: Hydra configs (conf/), the run entry point, sweeps, aggregation."""

@@ -1,0 +1,335 @@
+"""Execute run points: generation (timed) or accuracy (lm-eval), written to the results store.
+
+One point = one run directory ``results/<exp>/<run-name>/`` (see hybridgen.results). A
+:class:`Session` keeps the loaded engine and reference generations between points of one
+process so a sweep loads each model once.
+
+metrics.json of a generation run (all sizes in bytes, times in seconds unless named _ms):
+    run          name, exp, status, started/finished, wall_s, overrides
+    model        config + spec + weight bytes;  method: name + every parameter
+    workload, hardware (config, resolved capacities, store description with emulated flags)
+    latency      prefill_s, decode_s, total_s, decode_ms_per_token, step_ms {mean,p50,p90,max},
+                 repeats (each timed generation; the median-total one is reported)
+    throughput   decode_tokens_per_s, e2e_tokens_per_s, prefill_tokens_per_s
+    memory       kv_bytes_by_tier (end of decode), kv_peak_bytes_by_tier, host_peak_rss_bytes
+                 (VmHWM reset at the start of the timed region), gpu_peak_allocated_bytes
+    transfer     bytes_h2d, bytes_d2h, h2d_bytes_per_step
+    method_stats the method's own counters; breakdown: its *_s timers (CPU/GPU branch, copies)
+    fidelity     top1_agreement, mean_kl vs exp.reference (teacher-forced), or null
+    scheduler    decisions + trace file (trace.json) when the method has a scheduler
+    environment  versions, git commit, CPU, CUDA, NUMA layout
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from hybridgen.errors import ConfigError, HybridGenError
+from hybridgen.results import ResultsStore, format_table, run_name, write_json
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+# ----------------------------------------------------------------------------- naming
+def method_params(cfg: DictConfig) -> Dict[str, Any]:
+    return OmegaConf.to_container(cfg.method.params, resolve=True) or {}
+
+
+def build(cfg: DictConfig):
+    from hybridgen.methods import build_method
+
+    return build_method(cfg.method.name, **method_params(cfg))
+
+
+def key_params(cfg: DictConfig) -> Dict[str, Any]:
+    """Parameters shown in the run name: those differing from the method's defaults, and budgets."""
+    from hybridgen.methods import build_method
+
+    full = build(cfg).config()
+    defaults = build_method(cfg.method.name).config()
+    return {k: v for k, v in full.items() if v != defaults.get(k) or k == "budget" or k.endswith("_budget")}
+
+
+def identity(cfg: DictConfig) -> Dict[str, Any]:
+    """Everything that identifies a run (its hash names the directory)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    hw = {k: v for k, v in c["hardware"].items() if k not in ("description",)}
+    ident = {"model": c["model"], "method": {"name": cfg.method.name, "params": build(cfg).config()},
+             "hardware": hw, "seed": c["seed"],
+             "exp": {k: c["exp"][k] for k in ("kind", "fidelity", "reference", "repeats", "warmup")}}
+    if cfg.exp.kind == "accuracy":
+        ident["accuracy"] = c["exp"]["accuracy"]
+    else:
+        ident["workload"] = c["workload"]
+    return ident
+
+
+def name_of(cfg: DictConfig) -> str:
+    w = cfg.workload
+    extra = ""
+    if cfg.exp.kind == "accuracy":
+        a = cfg.exp.accuracy
+        extra = f"acc{len(a.tasks)}t-l{a.limit if a.limit is not None else 'all'}-f{a.num_fewshot}-{a.score_mode}"
+        return run_name(cfg.model.name, cfg.model.weights, cfg.method.name, key_params(cfg), 0, 0, 0, "tasks",
+                        cfg.seed, identity(cfg), extra=extra).replace("__b0-p0-g0-tasks", "")
+    return run_name(cfg.model.name, cfg.model.weights, cfg.method.name, key_params(cfg), w.batch,
+                    w.prompt_len, w.gen_len, w.source, cfg.seed, identity(cfg))
+
+
+# ----------------------------------------------------------------------------- session
+@dataclass
+class Outcome:
+    name: str
+    status: str                      # 'done' | 'skipped' | 'failed'
+    row: Dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+class Session:
+    """State shared by the points of one process: the engine, reference generations, outcomes."""
+
+    def __init__(self, log: Callable[[str], None] = None):
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self._engine_key: Optional[str] = None
+        self._engine = None
+        self._refs: Dict[str, Any] = {}
+        self.outcomes: List[Outcome] = []
+        self._env: Optional[Dict[str, Any]] = None
+
+    def environment(self) -> Dict[str, Any]:
+        if self._env is None:
+            from hybridgen.eval.environment import environment
+
+            self._env = environment()
+        return self._env
+
+    def engine(self, cfg: DictConfig):
+        from hybridgen.model import load_model
+
+        m = cfg.model
+        key = f"{m.name}|{m.weights}|{m.dtype}|{m.num_layers}|{cfg.seed}"
+        if key != self._engine_key:
+            self._engine, self._engine_key, self._refs = None, None, {}
+            t0 = time.perf_counter()
+            self._engine = load_model(m.name, weights=m.weights, dtype=m.dtype, seed=int(cfg.seed),
+                                      num_layers=m.num_layers)
+            self._engine_key = key
+            self.log(f"loaded {self._engine!r} in {time.perf_counter() - t0:.1f}s")
+        return self._engine
+
+    @staticmethod
+    def _ref_key(cfg: DictConfig) -> Tuple[str, str, Dict[str, Any]]:
+        ref_cfg = OmegaConf.load(CONF_DIR / "method" / f"{cfg.exp.reference}.yaml")
+        params = OmegaConf.to_container(ref_cfg.get("params", {}), resolve=True) or {}
+        key = f"{ref_cfg.name}|{params}|{OmegaConf.to_container(cfg.workload)}|{cfg.seed}"
+        return key, ref_cfg.name, params
+
+    def offer_reference(self, cfg: DictConfig, result) -> None:
+        """Keep ``result`` as the reference when this run IS the reference method with its defaults."""
+        key, name, params = self._ref_key(cfg)
+        if result.logits is not None and cfg.method.name == name and method_params(cfg) == params:
+            self._refs = {key: result}
+
+    def reference(self, cfg: DictConfig, engine, ids, mask) -> Any:
+        """Greedy generation (tokens + logits) of exp.reference for this workload (cached in memory)."""
+        from hybridgen.eval.generation import make_store
+        from hybridgen.methods import build_method
+
+        key, name, params = self._ref_key(cfg)
+        if key not in self._refs:
+            self.log(f"reference generation ({cfg.exp.reference}) for fidelity ...")
+            method = build_method(name, **params)
+            self._refs = {key: engine.generate(ids, method, max_new_tokens=int(cfg.workload.gen_len),
+                                               attention_mask=mask, store=make_store(cfg.hardware, engine),
+                                               return_logits=True, progress=bool(cfg.progress))}
+        return self._refs[key]
+
+
+# ----------------------------------------------------------------------------- one point
+def prompts(cfg: DictConfig, engine) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    from hybridgen.data.sources import prompt_ids
+
+    w = cfg.workload
+    ids = prompt_ids(engine.tokenizer, engine.spec.vocab_size, w.source, int(w.batch), int(w.prompt_len),
+                     int(cfg.seed))
+    return ids, None
+
+
+def _median_index(values: List[float]) -> int:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    return order[(len(order) - 1) // 2]
+
+
+def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str, Any]:
+    """Timed generation of one point; returns metrics (writes trace.json into out_dir)."""
+    from hybridgen.eval.generation import (fidelity_metrics, make_store, resolve_capacities, scheduler_trace,
+                                           step_stats, teacher_forced_logits, weight_bytes)
+    from hybridgen.eval.memory import PeakMemory
+
+    engine = session.engine(cfg)
+    ids, mask = prompts(cfg, engine)
+    gen_len = int(cfg.workload.gen_len)
+    if cfg.exp.warmup:
+        warm = ids[:, : min(ids.shape[1], 32)]
+        engine.generate(warm, build(cfg), max_new_tokens=min(2, gen_len), store=make_store(cfg.hardware, engine))
+    runs, totals = [], []
+    trace = None
+    for r in range(int(cfg.exp.repeats)):
+        method = build(cfg)
+        store = make_store(cfg.hardware, engine)
+        with PeakMemory() as pm:
+            res = engine.generate(ids, method, max_new_tokens=gen_len, attention_mask=mask, store=store,
+                                  return_logits=bool(cfg.exp.fidelity), progress=bool(cfg.progress), keep=True)
+        try:
+            trace = scheduler_trace(method) if cfg.exp.trace else None
+        finally:
+            engine.release()
+        runs.append((res, pm.result()))
+        totals.append(res.prefill_s + res.decode_s)
+    res, mem = runs[_median_index(totals)]
+    B, n = int(res.tokens.shape[0]), int(res.tokens.shape[1])
+    steps = len(res.step_s)
+    stats = {k: v for k, v in res.method_stats.items() if not isinstance(v, (list, dict))}
+    total_s = res.prefill_s + res.decode_s
+    metrics: Dict[str, Any] = {
+        "latency": {"prefill_s": res.prefill_s, "decode_s": res.decode_s, "total_s": total_s,
+                    "decode_ms_per_token": 1e3 * res.decode_s / steps if steps else None,
+                    "step_ms": step_stats(res.step_s),
+                    "repeats": [{"prefill_s": x.prefill_s, "decode_s": x.decode_s} for x, _ in runs]},
+        "throughput": {"decode_tokens_per_s": B * steps / res.decode_s if res.decode_s > 0 else None,
+                       "e2e_tokens_per_s": B * n / total_s if total_s > 0 else None,
+                       "prefill_tokens_per_s": B * ids.shape[1] / res.prefill_s if res.prefill_s > 0 else None},
+        "memory": {"kv_bytes_by_tier": res.bytes_by_tier, "kv_peak_bytes_by_tier": res.peak_bytes_by_tier,
+                   "kv_peak_total_bytes": sum(res.peak_bytes_by_tier.values()), **mem},
+        "transfer": {"bytes_h2d": stats.get("bytes_h2d", 0), "bytes_d2h": stats.get("bytes_d2h", 0),
+                     "h2d_bytes_per_step": stats.get("bytes_h2d", 0) / steps if steps else None},
+        "method_stats": stats,
+        "breakdown": {k: v for k, v in stats.items() if k.endswith("_s")},
+        "hardware": {**OmegaConf.to_container(cfg.hardware), "capacities": resolve_capacities(cfg.hardware, engine),
+                     "store": res.store_description},
+        "model": {**OmegaConf.to_container(cfg.model), "spec": engine.spec.to_dict(), "weight_bytes": weight_bytes(engine)},
+        "fidelity": None,
+        "scheduler": None,
+        "sample": {"new_tokens": n, "text": _decode(engine, res.tokens[0])},
+    }
+    if cfg.exp.fidelity:
+        session.offer_reference(cfg, res)
+        ref = session.reference(cfg, engine, ids, mask)
+        same = bool(torch.equal(ref.tokens, res.tokens))
+        logits = res.logits if same else teacher_forced_logits(
+            engine, build(cfg), ids, mask, ref.tokens, store=make_store(cfg.hardware, engine))
+        metrics["fidelity"] = {"reference": cfg.exp.reference, "tokens_identical": same,
+                               "teacher_forced": not same, "steps": n,
+                               "token_match_rate": float((ref.tokens == res.tokens).float().mean()),
+                               **fidelity_metrics(ref.logits, logits)}
+    if trace:
+        write_json(out_dir / "trace.json", trace)
+        metrics["scheduler"] = {"decisions": len(trace.get("scheduler", [])), "trace_file": "trace.json"}
+    return metrics
+
+
+def _decode(engine, tokens) -> Optional[str]:
+    tok = getattr(engine, "tokenizer", None)
+    if tok is None:
+        return None
+    return tok.decode(tokens.tolist(), skip_special_tokens=True)[:400]
+
+
+def run_accuracy(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str, Any]:
+    from hybridgen.eval.accuracy import evaluate
+
+    engine = session.engine(cfg)
+    return evaluate(engine, cfg, out_dir, log=session.log)
+
+
+def summary_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
+    """The few numbers printed in the end-of-run table."""
+    row: Dict[str, Any] = {"method": cfg.method.name}
+    kp = key_params(cfg)
+    row["params"] = ",".join(f"{k}={v}" for k, v in kp.items()) or "-"
+    if cfg.exp.kind == "accuracy":
+        for task, vals in (m.get("accuracy") or {}).items():
+            score = vals.get("acc_norm", vals.get("acc", vals.get("exact_match", vals.get("word_perplexity"))))
+            row[task] = score
+        fid = m.get("fidelity") or {}
+        row["top1"] = fid.get("top1_agreement")
+        row["KL"] = fid.get("mean_kl")
+        return row
+    lat, mem = m["latency"], m["memory"]
+    row.update({"batch": cfg.workload.batch, "prompt": cfg.workload.prompt_len, "gen": cfg.workload.gen_len,
+                "prefill_s": lat["prefill_s"], "ms/tok": lat["decode_ms_per_token"],
+                "tok/s": m["throughput"]["decode_tokens_per_s"],
+                "gpu_MiB": mem["kv_peak_bytes_by_tier"].get("gpu", 0) / 2**20,
+                "host_MiB": (mem["kv_peak_bytes_by_tier"].get("dram", 0) + mem["kv_peak_bytes_by_tier"].get("cxl", 0)) / 2**20,
+                "H2D_MiB": m["transfer"]["bytes_h2d"] / 2**20})
+    fid = m.get("fidelity") or {}
+    if fid:
+        row["top1"] = fid.get("top1_agreement")
+        row["KL"] = fid.get("mean_kl")
+    return row
+
+
+def run_point(cfg: DictConfig, session: Session, overrides: List[str] = ()) -> Outcome:
+    """Run one point unless it is finished (force=true replaces it). Errors -> Outcome('failed')."""
+    store = ResultsStore(cfg.results_dir, cfg.exp.name)
+    name = name_of(cfg)
+    if store.is_done(name) and not cfg.force:
+        session.log(f"skip (done): {store.run_dir(name)}")
+        from hybridgen.results import load_run
+        return Outcome(name, "skipped", _safe_row(cfg, load_run(store.run_dir(name))))
+    store.clean_stale()
+    session.log(f"run: {store.run_dir(name)}")
+    started = time.time()
+    try:
+        with store.writing(name, force=bool(cfg.force), log=session.log) as tmp:
+            (tmp / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            body = run_accuracy(cfg, session, tmp) if cfg.exp.kind == "accuracy" else run_generation(cfg, session, tmp)
+            metrics = {
+                "schema": 1,
+                "run": {"name": name, "exp": cfg.exp.name, "status": "ok", "kind": cfg.exp.kind,
+                        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_s": time.time() - started,
+                        "overrides": list(overrides), "command": " ".join(sys.argv)},
+                "model": OmegaConf.to_container(cfg.model), "method": {"name": cfg.method.name, "params": build(cfg).config()},
+                "workload": OmegaConf.to_container(cfg.workload), "seed": int(cfg.seed),
+                **body,
+                "environment": session.environment(),
+            }
+            write_json(tmp / "metrics.json", metrics)
+    except HybridGenError as err:
+        session.log(f"error: {err}")
+        return Outcome(name, "failed", {"method": cfg.method.name}, str(err))
+    except Exception as err:  # a bug, not a user error: keep the trace, keep the sweep going
+        traceback.print_exc()
+        session.log(f"failed: {name}: {type(err).__name__}: {err}")
+        return Outcome(name, "failed", {"method": cfg.method.name}, f"{type(err).__name__}: {err}")
+    return Outcome(name, "done", summary_row(cfg, metrics))
+
+
+def _safe_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
+    try:
+        return summary_row(cfg, m)
+    except (KeyError, TypeError):
+        return {"method": cfg.method.name}
+
+
+def print_table(outcomes: List[Outcome], file=None) -> None:
+    rows = []
+    for o in outcomes:
+        rows.append({"status": o.status, **o.row})
+    cols: List[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    print(format_table(rows, cols), file=file or sys.stdout)
+    failed = [o for o in outcomes if o.status == "failed"]
+    for o in failed:
+        print(f"failed: {o.name}: {o.error}", file=sys.stderr)

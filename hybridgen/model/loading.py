@@ -1,0 +1,107 @@
+"""``load_model``: a shipped architecture name or a local HF checkpoint directory -> :class:`Engine`.
+
+weights:
+- 'real'   the checkpoint's safetensors (for 'smollm2-135m' the GGUF-prepared cache, made on
+           first use); other shipped names have no offline weights and say how to get them;
+- 'random' seeded N(0, 0.02) init (norms 1, biases 0);
+- 'dummy'  a cheap deterministic fill for large shapes (see :mod:`hybridgen.model.weights`).
+num_layers: keep only the first N layers (a truncated model of a real shape).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from hybridgen.errors import ConfigError, MissingDataError
+from hybridgen.model import smollm2
+from hybridgen.model.engine import Engine
+from hybridgen.model.spec import ModelSpec, list_models, read_config_file, shipped_config
+from hybridgen.model.weights import CheckpointSource, build_weights, dummy_source, random_source
+
+WEIGHT_KINDS = ("real", "random", "dummy")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ConfigError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
+        return dtype
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in _DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    return _DTYPES[key]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _resolve(name_or_path: Union[str, Path], weights: str):
+    """(display name, config dict, checkpoint dir or None, tokenizer dir or None)."""
+    name = str(name_or_path)
+    if name in list_models():
+        if weights != "real":
+            tok_dir = smollm2.prepared_dir() if name == smollm2.MODEL_NAME else None
+            return name, shipped_config(name), None, tok_dir if tok_dir and smollm2.is_prepared(tok_dir) else None
+        if name == smollm2.MODEL_NAME:
+            path = smollm2.ensure_smollm2()
+            return name, read_config_file(path / "config.json"), path, path
+        raise MissingDataError(f"no real weights for {name!r} are available offline; pass a local HF checkpoint "
+                               "directory instead of the name, or use weights='dummy' or 'random'")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise MissingDataError(f"{path} has no config.json; point at a Hugging Face checkpoint directory "
+                                   "(config.json + *.safetensors)")
+        return path.name, read_config_file(cfg_file), (path if weights == "real" else None), path
+    if os.sep in name or name.startswith((".", "~")) or path.suffix:
+        raise MissingDataError(f"checkpoint directory {name} does not exist; download the model there, or use "
+                               f"a shipped name: {', '.join(list_models())}")
+    raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(list_models())} "
+                      "or pass a local HF checkpoint directory")
+
+
+def _load_tokenizer(path: Optional[Path]):
+    if path is None or not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                              "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name_or_path: Union[str, Path], weights: str = "real",
+               dtype: Union[str, torch.dtype] = torch.float32, device: Union[None, str, torch.device] = None,
+               seed: int = 0, num_layers: Optional[int] = None, tokenizer: bool = True) -> Engine:
+    """Build an :class:`Engine` (see module docstring). device: default cuda when available, else cpu."""
+    if weights not in WEIGHT_KINDS:
+        raise ConfigError(f"unknown weights {weights!r}; choose one of: {', '.join(WEIGHT_KINDS)}")
+    dtype = parse_dtype(dtype)
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but CUDA is not available; use device='cpu'")
+    name, cfg, ckpt, tok_dir = _resolve(name_or_path, weights)
+    spec = ModelSpec.from_hf_config(cfg, name=name)
+    if num_layers is not None:
+        if not isinstance(num_layers, int) or not 0 < num_layers <= spec.num_layers:
+            raise ConfigError(f"num_layers must be in 1..{spec.num_layers} for {name}, got {num_layers!r}")
+        spec = spec.with_layers(num_layers)
+    if weights == "real":
+        source = CheckpointSource(ckpt, dtype, device)
+    elif weights == "random":
+        source = random_source(seed, dtype, device)
+    else:
+        source = dummy_source(seed, dtype, device)
+    model_weights = build_weights(spec, source)
+    tok = _load_tokenizer(tok_dir) if tokenizer else None
+    return Engine(spec, model_weights, tokenizer=tok, dtype=dtype, device=device, name=name)

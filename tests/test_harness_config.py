@@ -1,0 +1,118 @@
+"""Hydra configuration: every experiment composes, every method has a valid conf file, and bad
+input (misspelt key, unknown method/parameter, bad value) fails at start with one line."""
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from experiments import sweep  # noqa: E402
+from hybridgen.errors import ConfigError  # noqa: E402
+
+EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+       "NUMBA_THREADING_LAYER": "workqueue"}
+
+
+def test_the_paper_experiments_exist():
+    for name in ("quickstart", "speedup", "batch_sweep", "prompt_sweep", "model_sweep", "accuracy",
+                 "scheduler_trace", "mapping_ablation"):
+        assert name in EXPS
+
+
+@pytest.mark.parametrize("exp", EXPS)
+def test_every_experiment_composes_and_validates(exp):
+    points = sweep.resolve_points([f"+exp={exp}"])
+    assert points, exp
+    names = {cfg.exp.name for _, cfg in points}
+    assert names == {exp}
+    # each point is a distinct configuration
+    blobs = {OmegaConf.to_yaml(cfg) for _, cfg in points}
+    assert len(blobs) == len(points)
+
+
+def test_quickstart_runs_full_and_split_methods_with_fidelity():
+    points = sweep.resolve_points(["+exp=quickstart"])
+    methods = [cfg.method.name for _, cfg in points]
+    assert methods[0] == "full" and "hybrid-exact" in methods
+    assert all(cfg.exp.fidelity for _, cfg in points)
+    assert all(cfg.model.name == "smollm2-135m" and cfg.model.weights == "real" for _, cfg in points)
+
+
+def test_command_line_sweep_replaces_the_experiment_sweep():
+    points = sweep.resolve_points(["+exp=quickstart", "method=full,h2o", "workload.batch=1,2"])
+    got = sorted((cfg.method.name, cfg.workload.batch) for _, cfg in points)
+    assert got == [("full", 1), ("full", 2), ("h2o", 1), ("h2o", 2)]
+
+
+def test_every_registered_method_has_a_conf_whose_params_exist():
+    from hybridgen.methods import _REGISTRY, available_methods, build_method
+
+    confs = {p.stem: OmegaConf.load(p) for p in (ROOT / "conf" / "method").glob("*.yaml")}
+    covered = {c.name for c in confs.values()}
+    assert set(available_methods()) <= covered, set(available_methods()) - covered
+    for stem, c in confs.items():
+        params = OmegaConf.to_container(c.params) or {}
+        fields = {f.name for f in dataclasses.fields(_REGISTRY[c.name]) if f.init}
+        assert set(params) <= fields, (stem, set(params) - fields)
+        build_method(c.name, **params)  # values valid too
+
+
+def test_hardware_profiles_have_capacities_and_cxl_node():
+    for name in ("h200", "h100", "a100", "rtx5090"):
+        hw = OmegaConf.load(ROOT / "conf" / "hardware" / f"{name}.yaml")
+        assert hw.gpu_memory and hw.dram_capacity and hw.cxl_capacity and hw.cxl_node == "auto"
+    cpu = OmegaConf.load(ROOT / "conf" / "hardware" / "cpu-emulated.yaml")
+    assert cpu.gpu_capacity is None
+
+
+def test_auto_gpu_capacity_subtracts_weights():
+    from hybridgen.eval.generation import resolve_capacities
+
+    class E:
+        class spec:
+            @staticmethod
+            def param_count():
+                return 10**9
+
+        dtype = __import__("torch").float16
+
+    caps = resolve_capacities({"gpu_capacity": "auto", "gpu_memory": "80GB", "gpu_kv_fraction": 0.9,
+                               "dram_capacity": "512GiB", "cxl_capacity": None}, E)
+    assert caps["gpu"] == int(80e9 * 0.9) - 2 * 10**9
+    assert caps["dram"] == 512 * 2**30 and caps["cxl"] is None
+    with pytest.raises(ConfigError, match="gpu_memory"):
+        resolve_capacities({"gpu_capacity": "auto"}, E)
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    (["model.nmae=x"], "unknown config key 'model.nmae'"),
+    (["seedd=1"], "unknown config key 'seedd'"),
+    (["method=h2oo"], "unknown method 'h2oo'"),
+    (["+exp=nope"], "unknown exp 'nope'"),
+    (["method=h2o", "method.params.budgte=0.1"], "has no parameter 'budgte'"),
+    (["method=snapkv", "method.params.budget=-3"], "budget"),
+    (["workload.batch=abc"], "workload.batch"),
+    (["model.weights=fake"], "choose one of: real, random, dummy"),
+    (["workload.source=wiki"], "workload.source"),
+])
+def test_bad_input_is_one_config_error(overrides, expect):
+    with pytest.raises(ConfigError) as ei:
+        sweep.resolve_points(overrides)
+    msg = str(ei.value)
+    assert expect in msg and "\n" not in msg
+
+
+def test_cli_prints_one_line_and_exits_2():
+    p = subprocess.run([sys.executable, "experiments/run.py", "model.nmae=x"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'model.nmae'")
+    assert p.stdout.strip() == ""

@@ -1,0 +1,98 @@
+"""`hybridgen` through the engine (tiny random Llama with GQA): top-k 1.0 equals `full` with
+and without cross-layer pipelining; speculation runs, records cosines, and is exact-logit."""
+import json
+
+import pytest
+import torch
+
+from hybridgen.hybrid import HybridGen
+from hybridgen.methods import Budget
+from hybridgen.model import load_model
+
+TINY_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=300, hidden_size=64,
+                  num_hidden_layers=3, intermediate_size=96, num_attention_heads=8, num_key_value_heads=2,
+                  max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5, hidden_act="silu",
+                  tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    eng = load_model(str(path), weights="random", seed=3, tokenizer=False)
+    # scale the random init up so attention is far from uniform and tokens differ
+    with torch.no_grad():
+        for lw in eng.weights.layers:
+            lw.qkv.mul_(8.0)
+    return eng
+
+
+def _prompt(B=2, T=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 300, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, :17] = 0  # left padding in the second row
+    return ids, mask
+
+
+def _teacher_forced(engine, method, ids, mask, tokens):
+    out = [engine.prefill(ids, mask, method, max_new_tokens=tokens.shape[1])]
+    for t in range(tokens.shape[1] - 1):
+        out.append(engine.decode_step(tokens[:, t], method))
+    engine.release()
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_engine_topk_one_equals_full(engine, pipeline, per_head):
+    ids, mask = _prompt()
+    ref = engine.generate(ids, "full", max_new_tokens=12, attention_mask=mask, return_logits=True)
+    m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, pipeline=pipeline, per_head=per_head, min_topk=0,
+                  min_stand_in_cos=0.0)
+    lg = _teacher_forced(engine, m, ids, mask, ref.tokens)
+    err = float((lg - ref.logits).abs().max() / ref.logits.abs().max())
+    assert err < 1e-4
+    if pipeline:
+        assert m.stats["speculative_scans"] == 11 * 2  # layers 1 and 2 at each of 11 decode steps
+        assert m.stats["exact_logit_recomputes"] >= 11 * 2
+        cos = m.cosine_by_layer()
+        assert set(cos) == {1, 2} and all(-1.0 <= c <= 1.0 for c in cos.values())
+        assert 0 not in cos  # layer 0 is not speculated
+    else:
+        assert m.stats["speculative_scans"] == 0
+
+
+def test_engine_speculative_logits_run_and_stay_close(engine):
+    ids, mask = _prompt(seed=1)
+    ref = engine.generate(ids, "full", max_new_tokens=8, attention_mask=mask, return_logits=True)
+    m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, speculative_logits=True, min_topk=0,
+                  min_stand_in_cos=0.0)
+    lg = _teacher_forced(engine, m, ids, mask, ref.tokens)
+    assert torch.isfinite(lg).all()
+    assert m.stats["exact_logit_recomputes"] == 0 and m.stats["speculative_scans"] > 0
+    # stand-in logits differ from the true ones, so the output differs from full (but is no garbage)
+    assert not torch.allclose(lg[:, 1:], ref.logits[:, 1:], atol=1e-5)
+    assert (lg.argmax(-1) == ref.logits.argmax(-1)).float().mean() > 0.5
+
+
+def test_engine_default_settings_generate(engine):
+    ids, mask = _prompt(seed=2)
+    res = engine.generate(ids, HybridGen(), max_new_tokens=10, attention_mask=mask)
+    assert res.tokens.shape == (2, 10)
+    st = res.method_stats
+    assert st["bytes_h2d"] > 0 and st["speculative_scans"] > 0 and st["cpu_branch_s"] > 0
+    assert len(st["trace"]["scheduler"]) == 2  # decisions at steps 4 and 8 (9 decode steps)
+    assert 0 < st["stand_in_cos_mean"] <= 1.0
+
+
+def test_poor_stand_in_layers_fall_back_to_the_true_query(engine):
+    """A layer whose measured cosine is below min_stand_in_cos is scanned with the true query
+    from then on (still exact with top-k 1.0), and its cosine keeps being recorded."""
+    ids, mask = _prompt(seed=3)
+    ref = engine.generate(ids, "full", max_new_tokens=6, attention_mask=mask, return_logits=True)
+    m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, min_topk=0, min_stand_in_cos=1.01)
+    lg = _teacher_forced(engine, m, ids, mask, ref.tokens)
+    assert m.stats["speculative_scans"] == 2  # layers 1 and 2 at the first decode step only
+    assert all(len(v) == 5 for v in m.trace["cosine"].values())  # still measured at all 5 steps
+    assert float((lg - ref.logits).abs().max() / ref.logits.abs().max()) < 1e-4
