@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 export NUMBA_THREADING_LAYER := workqueue
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv run test test-all bench clean-venv
+.PHONY: venv run test test-all bench clean-venv data quickstart figures
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,3 +34,22 @@ bench: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# ---- experiment harness (see experiments/run.py, conf/, notebooks/)
+# Offline data (BIG-bench substitutes, essays, Gutenberg text) into ~/.cache/hybridgen/data.
+data: venv
+	$(PY) -m hybridgen.data prepare
+
+# The real SmolLM2, full vs hybrid-exact vs hybridgen side by side, with fidelity to full.
+quickstart: venv
+	$(PY) experiments/run.py +exp=quickstart
+
+# Aggregate every experiment and execute the figure notebooks headless -> results/figures/*.png
+figures: venv
+	$(PY) experiments/aggregate.py --all
+	mkdir -p build/notebooks
+	set -e; for nb in notebooks/*.py; do \
+	  out=build/notebooks/$$(basename $$nb .py).ipynb; \
+	  $(PY) -m jupytext --quiet --to ipynb --output $$out $$nb; \
+	  $(PY) -m jupyter nbconvert --log-level WARN --to notebook --execute --inplace $$out; \
+	done

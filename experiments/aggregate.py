@@ -33,8 +33,16 @@ def main(argv=None) -> None:
                       and d.name != "figures") if root.is_dir() else []
     if not exps:
         p.error("name an experiment (e.g. quickstart) or pass --all")
+    from hybridgen.errors import ConfigError
+
     for exp in exps:
-        paths = aggregate(args.results_dir, exp)
+        try:
+            paths = aggregate(args.results_dir, exp)
+        except ConfigError as err:
+            if not args.all:
+                raise
+            print(f"{exp}: skipped ({err})")
+            continue
         import pandas as pd
 
         n = len(pd.read_csv(paths["csv"]))

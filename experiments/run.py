@@ -85,7 +85,12 @@ def hydra_job(cfg: DictConfig) -> None:
     except ValueError:
         overrides = []
     session = runner.Session()
-    out = runner.run_point(cfg, session, overrides)
+    try:
+        out = runner.run_point(cfg, session, overrides)
+    except HybridGenError as err:
+        print(f"error: {err}", file=sys.stderr)
+        _FAILURES.append(str(err))
+        return "failed"
     if out.status == "failed":
         _FAILURES.append(out.error)
     runner.print_table([out])
@@ -117,7 +122,11 @@ def main(argv=None) -> int:
     outcomes = []
     for i, (pt, cfg) in enumerate(points, 1):
         session.log(f"[{i}/{len(points)}] {' '.join(pt)}")
-        outcomes.append(runner.run_point(cfg, session, pt))
+        try:
+            outcomes.append(runner.run_point(cfg, session, pt))
+        except HybridGenError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     print()
     runner.print_table(outcomes)
     print(f"\nresults: {Path(results_dir) / exp}/   (aggregate: python experiments/aggregate.py {exp})")

@@ -119,6 +119,14 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("exp.kind=accuracy needs exp.accuracy.tasks (e.g. exp.accuracy.tasks=[hg_bigbench_social_iqa])")
     params = OmegaConf.to_container(cfg.method.params, resolve=True) or {}
     build_method(cfg.method.name, **params)
+    if cfg.exp.kind == "accuracy":
+        from hybridgen.eval.tasks_data import check_tasks
+
+        check_tasks(list(cfg.exp.accuracy.tasks))
+    else:
+        from hybridgen.data.sources import check_available
+
+        check_available(cfg.workload.source)
     if cfg.exp.fidelity or (cfg.exp.kind == "accuracy" and cfg.exp.accuracy.fidelity):
         ref = CONF_DIR / "method" / f"{cfg.exp.reference}.yaml"
         if not ref.exists():

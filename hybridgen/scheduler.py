@@ -25,7 +25,7 @@ comparison (host <= slack * GPU counts as hidden). Every decision is appended to
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Union
 
 from hybridgen.errors import ConfigError

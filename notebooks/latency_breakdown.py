@@ -40,15 +40,18 @@ if df is not None and "method_stats.cpu_branch_s" in df.columns:
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(h)), 4))
     x = range(len(h))
     w = 0.27
-    ax.bar([i - w for i in x], h["cpu ms"], w, label="CPU branch")
-    ax.bar(list(x), h["gpu ms"], w, label="GPU branch")
-    ax.bar([i + w for i in x], h["transfer ms (projected)"], w, label="H2D transfer (projected, 55 GB/s)")
+    bars = [ax.bar([i - w for i in x], h["cpu ms"], w, label="CPU branch (scan + top-k + gather + staging)"),
+            ax.bar(list(x), h["gpu ms"], w, label="GPU branch (attention + rest of layer)"),
+            ax.bar([i + w for i in x], h["transfer ms (projected)"], w, label="H2D transfer (projected, 55 GB/s)")]
+    for b in bars:
+        ax.bar_label(b, fmt="%.2f", fontsize=7)
     ax.set_xticks(list(x))
     ax.set_xticklabels(h["label"], fontsize=8)
     ax.set_ylabel("ms per decode step (all layers)")
     note = plotdata.emulated_note(h)
     ax.set_title("hybridgen: CPU vs GPU branch per step" + (f"\n({note})" if note else ""))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_ylim(0, 1.35 * float(max(h["cpu ms"].max(), h["gpu ms"].max())))
     fig.tight_layout()
     plotdata.save(fig, "latency_breakdown")
 else:

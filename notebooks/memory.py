@@ -35,11 +35,13 @@ if df is not None:
     axes[0].legend()
     axes[0].tick_params(axis="x", rotation=45)
     axes[1].bar(df["method.name"], df["memory.host_peak_rss_bytes"] / 2**30, color="tab:gray")
-    axes[1].set_ylabel("peak host RSS during the run (GiB, measured)")
+    axes[1].set_ylabel("peak host RSS (GiB)")
+    axes[1].set_title("process RSS high-water during the run (measured)", fontsize=10)
+    axes[0].set_title("KV bytes held per tier (store ledger)", fontsize=10)
     axes[1].tick_params(axis="x", rotation=45)
     r = df.iloc[0]
     note = plotdata.emulated_note(df)
     fig.suptitle(f"{r['model.name']}, prompt {int(r['workload.prompt_len'])}, gen {int(r['workload.gen_len'])}"
-                 + (f" ({note})" if note else ""))
+                 + (f"\n({note})" if note else ""))
     fig.tight_layout()
     plotdata.save(fig, "memory_per_tier")

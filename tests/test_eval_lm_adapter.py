@@ -142,3 +142,11 @@ def test_bad_model_args_fail_in_one_line(engine):
         _lm(engine, method="nope")
     with pytest.raises(ConfigError, match="score_mode"):
         _lm(engine, score_mode="fast")
+
+
+def test_cli_wrapper_adds_our_task_dir_to_the_include_path():
+    from hybridgen.eval.lm_eval_cli import with_include_path
+
+    assert with_include_path(["--tasks", "x"], "/t") == ["--tasks", "x", "--include_path", "/t"]
+    assert with_include_path(["--include_path", "/a"], "/t") == ["--include_path", "/a" + __import__("os").pathsep + "/t"]
+    assert with_include_path(["--include_path=/a"], "/t") == ["--include_path=/a" + __import__("os").pathsep + "/t"]

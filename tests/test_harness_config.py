@@ -116,3 +116,13 @@ def test_cli_prints_one_line_and_exits_2():
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'model.nmae'")
     assert p.stdout.strip() == ""
+
+
+def test_missing_dataset_fails_at_start_with_one_line(tmp_path):
+    env = {**ENV, "HYBRIDGEN_CACHE": str(tmp_path)}
+    for args in (["workload.source=essays"], ["+exp=accuracy"]):
+        p = subprocess.run([sys.executable, "experiments/run.py", *args], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert lines[0].startswith("error: dataset") and "make data" in lines[0]

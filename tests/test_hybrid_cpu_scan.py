@@ -33,9 +33,9 @@ def _ref_logits(q, keys, scale):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("lo", [0, 5])
-def test_scan_matches_reference(backend, dtype, lo):
-    B, Hkv, G, D, T = 2, 3, 4, 16, 600  # > one numba token block
+@pytest.mark.parametrize("lo,G", [(0, 4), (5, 3), (5, 1), (0, 9)])  # G > 8 takes the generic numba kernel
+def test_scan_matches_reference(backend, dtype, lo, G):
+    B, Hkv, D, T = 2, 3, 16, 600  # > one numba token block
     seg = _segment(B, Hkv, T, D, dtype)
     keys = seg.k[:, :, lo:]
     q = torch.randn(B, Hkv * G, D)
@@ -137,10 +137,15 @@ def test_numba_kernels_do_not_slow_torch_matmul():
     """Regression guard (not a speed claim): running our numba kernels must not make torch's
     CPU matmul > 5x slower (numba's OpenMP layer fighting torch's did ~25x; see OFFLINE.md)."""
     env = dict(os.environ, NUMBA_THREADING_LAYER=os.environ.get("NUMBA_THREADING_LAYER", "workqueue"))
-    ratios = []
-    for mode in ("plain", "numba"):
-        out = subprocess.run([sys.executable, "-c", _GUARD, mode], capture_output=True, text=True, env=env,
-                             timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        assert out.returncode == 0, out.stderr[-2000:]
-        ratios.append(float(out.stdout.strip().splitlines()[-1]))
-    assert ratios[1] < 5.0 * max(ratios[0], 1.0)
+    seen = []
+    for _attempt in range(3):  # a real clash persists; a busy shared machine does not, so retry
+        ratios = []
+        for mode in ("plain", "numba"):
+            out = subprocess.run([sys.executable, "-c", _GUARD, mode], capture_output=True, text=True, env=env,
+                                 timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            assert out.returncode == 0, out.stderr[-2000:]
+            ratios.append(float(out.stdout.strip().splitlines()[-1]))
+        seen.append(ratios)
+        if ratios[1] < 5.0 * max(ratios[0], 1.0):
+            return
+    pytest.fail(f"torch matmul slowed > 5x after running numba kernels in every attempt: {seen}")

@@ -8,8 +8,9 @@ Threads or processes? ``benchmarks/bench_cpu_pool.py`` measures both on decode s
 runs in a worker thread of this pool, or in a worker process that holds the host KV in shared
 memory (torch.multiprocessing, spawn; q in / out+lse back through shared tensors, a pipe
 signals), while the caller waits (as on a GPU), spins in pure Python holding the GIL, or
-runs torch compute. Measured on a 2-core machine shared with other jobs (median of 7,
-interleaved; ms per step, host partial + other work of the same length):
+runs torch compute. Measured on a 2-core machine (no GPU) shared with other jobs (load
+average ~1.5-2; median of 7 steps, modes interleaved; ms per step = host partial + other
+work lasting as long as the host partial alone):
 
   ======================  ==========  ===========  ============  ==================
   case                    sequential  thread (2t)  process (1t)  process (2t)
@@ -27,8 +28,10 @@ result: "caller waits", 6 of 6 shapes; also 5 of 6 with torch work on the caller
 process only wins while the caller holds the GIL in pure Python for the whole host
 partial (4 of 6 shapes), and costs a pipe round trip per call, KV that must live in shared
 memory (re-shared at every growth) and, with 2 torch threads per process on 2 cores,
-OpenMP oversubscription that makes it up to 70 ms slower. So the pool uses threads.
-Rerun the script on the target host; on many-core hosts the balance may differ.
+OpenMP oversubscription that makes it up to 70 ms slower. A second run at load average
+5-7 ranked them the same (threads fastest in 5 of 6 "caller waits" shapes, a 1-thread
+process in 4 of 6 "caller Python" shapes). So the pool uses threads. Rerun the script on
+the target host; on many-core hosts the balance may differ.
 """
 from __future__ import annotations
 

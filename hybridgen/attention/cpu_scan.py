@@ -1,9 +1,9 @@
 """HybridGen's CPU branch: GQA-aware key scan, partial top-k, gather of the selected rows.
 
 Shapes: q [B, Hq, D] (one decode query per head); keys/values [B, Hkv, T, D] as the views a
-:class:`hybridgen.kv.KVSegment` hands out (the rows of one (batch, KV head) contiguous, the
-(batch, head) blocks ``capacity`` rows apart; read in place, never copied); mask [B, Hkv, T] bool (True = real token)
-or None; Hq = G * Hkv.
+:class:`hybridgen.kv.KVSegment` hands out (the rows of one (batch, KV head) contiguous,
+the (batch, head) blocks ``capacity`` rows apart; read in place, never copied); mask
+[B, Hkv, T] bool (True = real token) or None; Hq = G * Hkv.
 
 Kernels (``backend``):
 - ``torch``: one batched matmul of the G query heads of a group against the group's keys in
@@ -11,20 +11,29 @@ Kernels (``backend``):
   group. bf16/fp16 keys give logits rounded to that dtype (``exact=False``), so the method
   recomputes the selected logits in fp32 before the softmax.
 - ``numba``: a streaming kernel over the same layout that widens bf16 keys to fp32 in
-  registers (bit shift of the uint16 pattern), reads each key row once for all G heads of
-  its group and accumulates in fp32 (``exact=True``). It is compiled ``nogil`` and run
-  serially per call on a small thread pool of our own (work split by (batch, head, token
-  block)), never with numba's parallel threading layer, which clashes with torch's OpenMP
-  (see OFFLINE.md; the Makefile also sets ``NUMBA_THREADING_LAYER=workqueue``). fp16 keys
-  are not handled by numba (its CPU float16 support is partial) and fall back to ``torch``.
+  registers (zero-extend + shift of the uint16 bit pattern, an LLVM bit-cast), reads each
+  key row once and feeds it to all G heads of its group (a kernel generated per group size
+  G <= 8 with G accumulators; a generic loop beyond), accumulating in fp32 (``exact=True``).
+  It is compiled ``nogil`` and run serially per call on a small thread pool of our own
+  (work split by (batch, KV head, 512-token block)), never with numba's parallel threading
+  layer, which clashes with torch's OpenMP (see OFFLINE.md; the Makefile also sets
+  ``NUMBA_THREADING_LAYER=workqueue``). fp16 keys are not handled by numba (its CPU float16
+  support is partial) and fall back to ``torch``.
 - top-k: ``torch.topk(sorted=False)`` (a partial selection) or numba ``np.argpartition``
   per row (introselect); gather: one ``index_select`` over the flattened (row, D) buffer,
   which can write straight into a pinned staging buffer (``out=``).
 
-Choice (measured by ``benchmarks/bench_cpu_scan.py`` on the 2-core development machine;
-re-run it on the target host): ``auto`` picks ``numba`` for bf16 and fp32 keys when numba
-imports, else ``torch``; top-k uses ``torch.topk``; gather uses ``index_select``. See the
-benchmark's printout for the numbers behind the choice.
+Choice, measured with ``benchmarks/bench_cpu_scan.py`` on the 2-core development VM (one
+Llama-3.1-8B-shaped layer, batch 2, 16K host tokens, bf16 keys; re-run it on the target
+host, where the balance may differ): the numba bf16 kernel scanned a token about 2x faster
+than torch's bf16 matmul (and faster than fp32 kernels, which read twice the bytes) while
+returning fp32-exact logits, so ``auto`` picks ``numba`` for bf16 and fp32 keys when numba
+imports, else ``torch``. It is still compute-bound here (about half of one core's plain
+read bandwidth): the per-(token, head) horizontal reduction of a row-major [T, D] layout
+is the limit; a token-blocked transposed layout would remove it at the cost of a custom
+segment. torch.topk and numba argpartition were within noise of each other (torch.topk is
+the default); ``index_select`` gathers rows ~30x faster than ``torch.gather`` with an
+expanded index.
 
 Shared (per KV group) selection scores a token by the max over the group's heads of its
 host-normalised log-probability (logit - logsumexp over the host tokens of that head): a
@@ -48,6 +57,8 @@ from hybridgen.errors import ConfigError
 NEG_INF = float("-inf")
 SCAN_BACKENDS = ("auto", "torch", "numba")
 TOKEN_BLOCK = 512  # token rows per numba work item
+MAX_SPECIALISED_GROUP = 8  # GQA group sizes with a generated kernel (larger ones use the generic loop)
+_GROUP_KERNELS: dict = {}
 
 try:  # numba is optional; every path has a torch fallback
     import numpy as np
@@ -132,6 +143,45 @@ if _HAVE_NUMBA:
                         acc += q[bh, g, d] * k[row, d]
                     out[bh, g, t] = acc * scale
 
+    _GROUP_KERNEL_SRC = """
+def kernel(q, k, cap, out, scale, T, block, j0, j1):
+    D = k.shape[1]
+    nblk = (T + block - 1) // block
+    for job in range(j0, j1):
+        bh = job // nblk
+        t0 = (job - bh * nblk) * block
+        t1 = min(T, t0 + block)
+{qrows}
+        for t in range(t0, t1):
+            row = k[bh * cap + t]
+{zero}
+            for d in range(D):
+                kv = {widen}
+{fma}
+{store}
+"""
+
+    def _group_kernel(G: int, bf16: bool):
+        """A scan kernel specialised to G query heads per KV head (G scalar accumulators).
+
+        Each key element is widened once and feeds all G dot products, so LLVM keeps G vector
+        accumulators along D; this measured ~1.4x faster than the generic kernel below, which
+        loops over g and re-reads (and re-widens) the key row for every head.
+        """
+        key = (G, bf16)
+        if key not in _GROUP_KERNELS:
+            ind = " " * 16
+            src = _GROUP_KERNEL_SRC.format(
+                qrows="\n".join(f"        q{g} = q[bh, {g}]" for g in range(G)),
+                zero="\n".join(f"            a{g} = np.float32(0.0)" for g in range(G)),
+                widen="_bf16_bits_to_f32(row[d])" if bf16 else "row[d]",
+                fma="\n".join(f"{ind}a{g} += q{g}[d] * kv" for g in range(G)),
+                store="\n".join(f"            out[bh, {g}, t] = a{g} * scale" for g in range(G)))
+            ns = {"np": np, "_bf16_bits_to_f32": _bf16_bits_to_f32}
+            exec(compile(src, f"<hybridgen scan kernel G={G} bf16={bf16}>", "exec"), ns)  # noqa: S102
+            _GROUP_KERNELS[key] = njit(nogil=True, fastmath=True)(ns["kernel"])
+        return _GROUP_KERNELS[key]
+
     @njit(nogil=True, cache=True)
     def _topk_kernel(scores, kk, out, r0, r1):  # pragma: no cover - compiled
         """scores [R, T] f32 -> out [R, kk] int64 (unsorted top-kk per row)."""
@@ -207,13 +257,13 @@ def scan_logits(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tensor] = 
         res = out if out is not None else torch.empty(B * Hkv, G, T, dtype=torch.float32)
         res = res.view(B * Hkv, G, T)
         nblk = (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
-        if keys.dtype == torch.bfloat16:
-            k_np = kr.view(torch.int16).numpy().view(np.uint16)
-            _run_split(_scan_bf16_kernel, B * Hkv * nblk, qg.numpy(), k_np, cap, res.numpy(), float(scale), T,
-                       TOKEN_BLOCK)
+        bf16 = keys.dtype == torch.bfloat16
+        if G <= MAX_SPECIALISED_GROUP:
+            kernel = _group_kernel(G, bf16)
         else:
-            _run_split(_scan_f32_kernel, B * Hkv * nblk, qg.numpy(), kr.numpy(), cap, res.numpy(), float(scale), T,
-                       TOKEN_BLOCK)
+            kernel = _scan_bf16_kernel if bf16 else _scan_f32_kernel
+        k_np = kr.view(torch.int16).numpy().view(np.uint16) if bf16 else kr.numpy()
+        _run_split(kernel, B * Hkv * nblk, qg.numpy(), k_np, cap, res.numpy(), float(scale), T, TOKEN_BLOCK)
         logits, exact = res.view(B, Hq, T), True
     else:
         qg = q.reshape(B, Hkv, G, D).to(keys.dtype)

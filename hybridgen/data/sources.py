@@ -45,6 +45,14 @@ def pg_files() -> List[Path]:
     return sorted(d.glob("*.txt"))
 
 
+def check_available(source: str) -> None:
+    """Raise MissingDataError (one line) when a prompt source needs `make data` and lacks it."""
+    if source == "essays":
+        essay_files()
+    elif source == "pg-text":
+        require(sub("pg-text"), "pg-text")
+
+
 def documents(source: str) -> List[Tuple[str, str]]:
     """(name, text) documents of a text source."""
     if source == "pydoc":

@@ -108,14 +108,7 @@ def step_stats(step_s: List[float]) -> Dict[str, Optional[float]]:
 
 def fidelity_metrics(ref_logits: Tensor, logits: Tensor) -> Dict[str, float]:
     """top-1 agreement and mean KL(ref || method) via hybridgen.eval.fidelity (shapes [B, n, V])."""
-    try:
-        from hybridgen.eval.fidelity import fidelity
-    except ImportError:  # TEMP until the baselines' fidelity module lands
-        def fidelity(ref, lg):
-            ref, lg = ref.float(), lg.float()
-            lp_ref, lp = ref.log_softmax(-1), lg.log_softmax(-1)
-            kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1)
-            return {"top1_agreement": (ref.argmax(-1) == lg.argmax(-1)).float().mean(), "mean_kl": kl.mean()}
+    from hybridgen.eval.fidelity import fidelity
 
     out = fidelity(ref_logits, logits)
     return {k: float(v) for k, v in dict(out).items()}

@@ -81,6 +81,23 @@ def load_needle(tokenizer: Optional[str] = None, needle_lengths: Any = None, nee
     return _dataset(docs)
 
 
+_TASK_DATA = {"hg_needle": ("essays", lambda: sub("essays")),
+              "hg_ppl_pg_text": ("ppl", lambda: sub("jsonl") / "ppl_pg-text.jsonl")}
+
+
+def check_tasks(tasks: Sequence[str]) -> None:
+    """Raise MissingDataError (one line naming `make data`) if a local task's data is not prepared."""
+    for t in tasks:
+        if t.startswith("hg_bigbench_"):
+            path = sub("jsonl") / f"bigbench_{t[len('hg_bigbench_'):]}.jsonl"
+            if not path.exists():
+                raise missing("bigbench", path)
+        elif t in _TASK_DATA:
+            what, path = _TASK_DATA[t][0], _TASK_DATA[t][1]()
+            if not path.exists():
+                raise missing(what, path)
+
+
 def needle_cells(samples: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Accuracy per (length, depth) from lm-eval logged samples of hg_needle."""
     cells: Dict[tuple, List[float]] = {}

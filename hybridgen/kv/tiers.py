@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch

@@ -1,0 +1,106 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Accuracy table and accuracy vs KV budget
+# `+exp=accuracy`: every method (20% KV budget where one applies) vs `full` on BIG-bench
+# substitutes, needle retrieval and perplexity, with fidelity to `full` (top-1 agreement and KL
+# of every decode-scored token against the dense pass). Writes results/accuracy/table.md.
+# `+exp=budget_sweep`: accuracy of the compressing methods as their budget shrinks.
+
+# %%
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from hybridgen.eval import plotdata
+
+acc = plotdata.runs("accuracy")
+
+# %%
+def score_cols(df):
+    """(task, column) of the headline metric per task: acc_norm for multiple choice, exact_match
+    for the needle, word perplexity for rolling perplexity."""
+    out = []
+    for c in sorted(df.columns):
+        if c.startswith("accuracy.") and c.count(".") == 2:
+            _, task, metric = c.split(".")
+            if metric in ("acc_norm", "exact_match", "word_perplexity"):
+                out.append((task, c))
+    return out
+
+
+if acc is not None:
+    cols = score_cols(acc)
+    table = pd.DataFrame({"method": acc["method.name"] + acc["method.params.topk_ratio"].map(
+        lambda v: f" (topk {v:g})" if isinstance(v, float) and v == v else "") if "method.params.topk_ratio" in acc
+        else acc["method.name"]})
+    for task, c in cols:
+        table[task] = acc[c].values
+    table["top1 vs full"] = acc.get("fidelity.top1_agreement")
+    table["KL vs full"] = acc.get("fidelity.mean_kl")
+    full = table[table["method"] == "full"]
+    if len(full):
+        for task, _ in cols:
+            ref = float(full[task].iloc[0])
+            if "ppl" in task:
+                continue
+            table[f"Δ{task}"] = table[task] - ref
+    table = table.sort_values("method").reset_index(drop=True)
+    print(table.to_string())
+    md = plotdata.results_dir() / "accuracy" / "table.md"
+    limit = acc["lm_eval.limit"].iloc[0] if "lm_eval.limit" in acc else None
+    header = (f"Accuracy of every method vs `full` ({acc['model.name'].iloc[0]}, lm-eval {limit} items per task "
+              "where the task has that many; multiple choice: acc_norm; needle: exact match; perplexity: word "
+              "perplexity; continuations scored by teacher-forced decode steps through each method).\n\n"
+              "Command: `python experiments/run.py +exp=accuracy` then `make figures`.\n\n")
+    try:
+        body = table.to_markdown(index=False, floatfmt=".4f")
+    except ImportError:  # tabulate missing
+        body = "```\n" + table.to_string(index=False) + "\n```"
+    md.write_text(header + body + "\n")
+    print(f"wrote {md}")
+
+# %%
+budget = plotdata.runs("budget_sweep")
+if budget is not None:
+    acc_cols = [c for _, c in score_cols(budget) if c.endswith("acc_norm")]
+    panels = [("fidelity.top1_agreement", "top-1 agreement with full"), ("fidelity.mean_kl", "mean KL(full || method), nats")]
+    if acc_cols:
+        panels.insert(0, (acc_cols[0], f"{acc_cols[0].split('.')[1]} acc_norm"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for m, g in budget.groupby("method.name"):
+        g = g.assign(b=g["method.params.budget"].astype(float)).sort_values("b")
+        for ax, (col, _) in zip(axes[0], panels):
+            ax.plot(g["b"], g[col], marker="o", label=m)
+    if acc_cols:
+        # full's accuracy over the same first `limit` docs, from the accuracy experiment's samples
+        task, limit = acc_cols[0].split(".")[1], int(budget["lm_eval.limit"].iloc[0])
+        for d in plotdata.run_dirs("accuracy"):
+            m = plotdata.load_json(d / "metrics.json")
+            if m["method"]["name"] == "full" and (d / "samples.jsonl").exists():
+                rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
+                s = [r["acc_norm"] for r in rows if r["task"] == task and r["doc_id"] < limit]
+                if s:
+                    axes[0][0].axhline(sum(s) / len(s), color="k", ls="--", lw=1, label=f"full ({len(s)} items)")
+    for ax, (_, ylabel) in zip(axes[0], panels):
+        ax.set_xscale("log")
+        ax.set_xlabel("KV budget (share of the prompt)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    r = budget.iloc[0]
+    what = "task accuracy and fidelity" if acc_cols else (
+        f"fidelity over {int(r['workload.gen_len'])} teacher-forced tokens, prompt {int(r['workload.prompt_len'])}")
+    fig.suptitle(f"accuracy vs KV budget ({r['model.name']}; {what})")
+    fig.tight_layout()
+    plotdata.save(fig, "accuracy_vs_budget")
