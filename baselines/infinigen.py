@@ -37,14 +37,13 @@ Choices where the paper is silent or which we adapt:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from baselines.common import BaselineMethod, TierBuffer, attend_with_new, gather_mask, gather_tokens, needs_mask
+from baselines.common import BaselineMethod, TierBuffer, attend_with_new, needs_mask
 from baselines.prefetch import Prefetcher
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment

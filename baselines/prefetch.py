@@ -13,7 +13,7 @@ Usage:
 """
 from __future__ import annotations
 
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor

@@ -7,7 +7,9 @@
 Per method and context length, one prefill of the same prompt, then ``--new-tokens`` decode
 steps TEACHER-FORCED with `full`'s greedy tokens (so every method sees the same prefix and
 its logits can be compared position by position with full's). Reported per method:
-- decode ms/token: median wall time of one decode step (the engine's decode_step);
+- decode ms/token: median wall time of one decode step (the engine's decode_step); with
+  ``--passes N`` every method is re-timed N - 1 more times (``--timing-tokens`` steps each,
+  methods interleaved) and the fastest pass's median is reported (all passes in the CSV);
 - bytes held per tier (MiB) at the end of decoding, and the peak, from the store's ledger;
 - bytes moved per decode step: host->GPU ('bytes_h2d') and GPU->host ('bytes_d2h') during
   the decode steps / steps (the prompt's one-off offload is reported apart, prefill_d2h);
@@ -34,6 +36,10 @@ from pathlib import Path
 from typing import Dict, List
 
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+# Measured here (2 cores shared with other jobs): with libgomp's default active waiting, a
+# SmolLM2 decode step at 1K context took ~980 ms with 2 torch threads vs ~65 ms with
+# OMP_WAIT_POLICY=passive (or 1 thread). Passive waiting must be set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 for _v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_v, "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,6 +65,14 @@ METHODS: Dict[str, tuple] = {
     "streamingllm": ("streamingllm", {"budget": "{budget}"}),
     "quest": ("quest", {"budget": "{budget}"}),
 }
+DEFAULT_METHODS = list(METHODS)
+# ablations, run only when named in --methods
+METHODS.update({
+    "infinigen-ownq": ("infinigen", {"budget": "{budget}", "speculate": False}),
+    "infinigen-cap": ("infinigen", {"budget": "{budget}", "alpha": float("inf")}),
+    "streamingllm-naive": ("streamingllm", {"budget": "{budget}", "shift_positions": False}),
+    "quest-all-layers": ("quest", {"budget": "{budget}", "dense_layers": 0}),
+})
 
 
 def _make(name: str, budget: str):
@@ -125,11 +139,15 @@ def main(argv=None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--budget", default="0.2")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                    help=f"comma-separated, from: {', '.join(METHODS)}")
     ap.add_argument("--source", default="pydoc")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="timing passes over all methods; the fastest pass's median step is reported")
+    ap.add_argument("--timing-tokens", type=int, default=32, help="decode steps per extra timing pass")
     ap.add_argument("--out", default="results/baselines")
     args = ap.parse_args(argv)
     if args.threads:
@@ -143,6 +161,8 @@ def main(argv=None) -> None:
     from hybridgen.model import load_model
 
     engine = load_model(args.model, dtype=args.dtype)
+    # warm-up: fault in the weights and the allocator before anything is timed
+    engine.generate(torch.randint(3, 1000, (args.batch, 64)), "full", max_new_tokens=4)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "NUMBA_THREADING_LAYER=workqueue .venv/bin/python benchmarks/bench_baselines.py " + " ".join(
@@ -151,7 +171,8 @@ def main(argv=None) -> None:
     for ctx_len in [int(c) for c in str(args.ctx).split(",")]:
         ids = prompt_ids(engine.tokenizer, engine.spec.vocab_size, args.source, args.batch, ctx_len, args.seed)
         print(f"\n== {args.model}  context {ctx_len}  batch {args.batch}  new tokens {args.new_tokens}  "
-              f"budget {args.budget}  threads {torch.get_num_threads()}  device {engine.device}", flush=True)
+              f"budget {args.budget}  threads {torch.get_num_threads()}  "
+              f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}  device {engine.device}", flush=True)
         t0 = time.perf_counter()
         store = TieredStore()
         ref = engine.generate(ids, _make("full", args.budget), max_new_tokens=args.new_tokens, store=store,
@@ -170,6 +191,17 @@ def main(argv=None) -> None:
             t0 = time.perf_counter()
             results[nm] = run_one(engine, _make(nm, args.budget), ids, ref_tokens)
             print(f"  {nm}: {time.perf_counter() - t0:.1f} s", flush=True)
+        for r in results.values():
+            r["step_medians"] = [statistics.median(r["step_s"])] if r["step_s"] else []
+        # further passes only re-time (results are deterministic); the fastest pass is reported,
+        # which filters out other processes' load on a shared machine
+        timing_tokens = ref_tokens[:, : max(2, min(args.new_tokens, args.timing_tokens))]
+        for p in range(1, args.passes):
+            for nm in names:
+                r = run_one(engine, _make(nm, args.budget), ids, timing_tokens)
+                results[nm]["step_medians"].append(statistics.median(r["step_s"]))
+                results[nm]["load"] = min(results[nm]["load"], r["load"])
+            print(f"  timing pass {p + 1}/{args.passes} done", flush=True)
         ref_logits = results["full"]["logits"]
         rows = []
         for nm in names:
@@ -180,7 +212,8 @@ def main(argv=None) -> None:
                 "model": args.model, "context": ctx_len, "batch": args.batch, "new_tokens": args.new_tokens,
                 "method": nm, "params": json.dumps(_make(nm, args.budget).config(), sort_keys=True),
                 "prefill_s": _fmt(r["prefill_s"]),
-                "decode_ms_per_token": _fmt(1e3 * statistics.median(r["step_s"])) if r["step_s"] else "nan",
+                "decode_ms_per_token": _fmt(1e3 * min(r["step_medians"])) if r["step_medians"] else "nan",
+                "decode_ms_per_pass": "/".join(_fmt(1e3 * x, 1) for x in r["step_medians"]),
                 "gpu_MiB": _fmt(r["held"]["gpu"] / MiB), "dram_MiB": _fmt(r["held"]["dram"] / MiB),
                 "cxl_MiB": _fmt(r["held"]["cxl"] / MiB),
                 "peak_gpu_MiB": _fmt(r["peak"]["gpu"] / MiB), "peak_dram_MiB": _fmt(r["peak"]["dram"] / MiB),

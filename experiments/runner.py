@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from hybridgen.errors import ConfigError, HybridGenError
+from hybridgen.errors import HybridGenError
 from hybridgen.results import ResultsStore, format_table, run_name, write_json
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -234,10 +234,33 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
                                "teacher_forced": not same, "steps": n,
                                "token_match_rate": float((ref.tokens == res.tokens).float().mean()),
                                **fidelity_metrics(ref.logits, logits)}
+    if cfg.hardware.profile:
+        metrics["projected"] = _projection(cfg, engine.spec, trace)
     if trace:
         write_json(out_dir / "trace.json", trace)
         metrics["scheduler"] = {"decisions": len(trace.get("scheduler", [])), "trace_file": "trace.json"}
     return metrics
+
+
+def _projection(cfg: DictConfig, spec, trace=None) -> Dict[str, Any]:
+    from hybridgen.eval.projection import project
+
+    w = cfg.workload
+    return project(cfg.method.name, build(cfg).config(), spec, int(w.batch), int(w.prompt_len), int(w.gen_len),
+                   cfg.model.dtype, cfg.hardware.profile, trace)
+
+
+def run_projection(cfg: DictConfig) -> Dict[str, Any]:
+    """exp.kind=project: no generation, only the performance model's projection (labelled)."""
+    from hybridgen.model.loading import shipped_config
+    from hybridgen.model.spec import ModelSpec
+
+    spec = ModelSpec.from_hf_config(shipped_config(cfg.model.name), name=cfg.model.name)
+    if cfg.model.num_layers:
+        spec = spec.with_layers(int(cfg.model.num_layers))
+    return {"projected": _projection(cfg, spec),
+            "hardware": OmegaConf.to_container(cfg.hardware),
+            "model": {**OmegaConf.to_container(cfg.model), "spec": spec.to_dict()}}
 
 
 def _decode(engine, tokens) -> Optional[str]:
@@ -266,6 +289,12 @@ def summary_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
         fid = m.get("fidelity") or {}
         row["top1"] = fid.get("top1_agreement")
         row["KL"] = fid.get("mean_kl")
+        return row
+    if cfg.exp.kind == "project":
+        pr = m["projected"]
+        row.update({"batch": cfg.workload.batch, "prompt": cfg.workload.prompt_len, "gen": cfg.workload.gen_len,
+                    "profile": pr["profile"], "step_ms (projected)": 1e3 * pr["step_s"],
+                    "tok/s (projected)": pr["decode_tokens_per_s"], "fits_gpu": pr["fits_gpu"]})
         return row
     lat, mem = m["latency"], m["memory"]
     row.update({"batch": cfg.workload.batch, "prompt": cfg.workload.prompt_len, "gen": cfg.workload.gen_len,
@@ -299,7 +328,9 @@ def run_point(cfg: DictConfig, session: Session, overrides: List[str] = ()) -> O
     try:
         with store.writing(name, force=bool(cfg.force), log=session.log) as tmp:
             (tmp / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-            body = run_accuracy(cfg, session, tmp) if cfg.exp.kind == "accuracy" else run_generation(cfg, session, tmp)
+            kind = cfg.exp.kind
+            body = (run_accuracy(cfg, session, tmp) if kind == "accuracy" else
+                    run_projection(cfg) if kind == "project" else run_generation(cfg, session, tmp))
             metrics = {
                 "schema": 1,
                 "run": {"name": name, "exp": cfg.exp.name, "status": "ok", "kind": cfg.exp.kind,

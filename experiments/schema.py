@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 WEIGHTS = ("real", "random", "dummy")
 DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("essays", "pg-text", "pydoc", "random")
-KINDS = ("generate", "accuracy")
+KINDS = ("generate", "accuracy", "project")
 
 
 @dataclass
@@ -119,7 +119,8 @@ class AccuracyConf:
 class ExpConf:
     """One experiment (one paper figure or table).
 
-    kind: 'generate' (timed generation) or 'accuracy' (lm-eval tasks).
+    kind: 'generate' (timed generation), 'accuracy' (lm-eval tasks) or 'project' (no run:
+    the performance model's PROJECTED step time on ``hardware.profile``, labelled as such).
     fidelity: also measure top-1 agreement and KL to the `reference` method.
     repeats: timed generations per run (the median is reported, each one recorded).
     warmup: one short untimed generation before timing.

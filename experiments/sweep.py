@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -119,11 +119,13 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("exp.kind=accuracy needs exp.accuracy.tasks (e.g. exp.accuracy.tasks=[hg_bigbench_social_iqa])")
     params = OmegaConf.to_container(cfg.method.params, resolve=True) or {}
     build_method(cfg.method.name, **params)
+    if cfg.exp.kind == "project" and not cfg.hardware.profile:
+        raise ConfigError("exp.kind=project needs a hardware profile (e.g. hardware=h100)")
     if cfg.exp.kind == "accuracy":
         from hybridgen.eval.tasks_data import check_tasks
 
         check_tasks(list(cfg.exp.accuracy.tasks))
-    else:
+    elif cfg.exp.kind == "generate":
         from hybridgen.data.sources import check_available
 
         check_available(cfg.workload.source)

@@ -56,3 +56,33 @@ if df is not None and "method_stats.cpu_branch_s" in df.columns:
     plotdata.save(fig, "latency_breakdown")
 else:
     print("no hybridgen runs with branch timers (method_stats.cpu_branch_s); run +exp=speedup")
+
+# %% [markdown]
+# ## Projected breakdown at the paper's template (`+exp=speedup_projected`)
+# Per decode step, summed over layers: CPU-branch, GPU-branch and host->GPU transfer time of each
+# method on each profile, from the performance model (PROJECTED; branches of one layer overlap, so
+# they do not add up to the step time).
+
+# %%
+proj = plotdata.runs("speedup_projected")
+if proj is not None:
+    profiles = sorted(proj["projected.profile"].unique())
+    fig, axes = plt.subplots(1, len(profiles), figsize=(4.5 * len(profiles), 4), sharey=True, squeeze=False)
+    for ax, prof in zip(axes[0], profiles):
+        g = proj[proj["projected.profile"] == prof].sort_values("method.name")
+        x = range(len(g))
+        w = 0.27
+        for off, col, lab in ((-w, "projected.cpu_branch_s", "CPU branch"), (0, "projected.gpu_branch_s", "GPU branch"),
+                              (w, "projected.transfer_s", "H2D transfer")):
+            ax.bar([i + off for i in x], 1e3 * g[col], w, label=lab)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(g["method.name"], rotation=60, fontsize=8)
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_title(prof, fontsize=10)
+    axes[0][0].set_ylabel("projected ms per decode step")
+    axes[0][0].legend(fontsize=8)
+    r = proj.iloc[0]
+    fig.suptitle(f"PROJECTED breakdown: {r['model.name']}, batch {int(r['workload.batch'])}, "
+                 f"prompt {int(r['workload.prompt_len'])}")
+    fig.tight_layout()
+    plotdata.save(fig, "latency_breakdown_projected")

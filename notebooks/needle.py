@@ -44,6 +44,9 @@ if cells:
         for x in c:
             grid[depths.index(x["depth"]), lengths.index(x["length"])] = x["score"]
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        for x in c:
+            ax.text(lengths.index(x["length"]), depths.index(x["depth"]), f"{x['score']:.2f}\nn={x['n']}",
+                    ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(lengths)), [f"{l // 1024}K" if l % 1024 == 0 else str(l) for l in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
         ax.set_xlabel("context length")

@@ -26,8 +26,22 @@ def test_the_paper_experiments_exist():
         assert name in EXPS
 
 
+@pytest.fixture()
+def prepared_cache(tmp_path, monkeypatch):
+    """A data cache holding (tiny) files for every local dataset, so validation passes anywhere."""
+    data = tmp_path / "data"
+    (data / "jsonl").mkdir(parents=True)
+    for key in ("social_iqa", "winowhy", "step_inference", "strategyqa", "cause_and_effect", "physical_intuition"):
+        (data / "jsonl" / f"bigbench_{key}.jsonl").write_text("{}\n")
+    (data / "jsonl" / "ppl_pg-text.jsonl").write_text("{}\n")
+    for d in ("essays", "pg-text"):
+        (data / d).mkdir()
+        (data / d / "a.txt").write_text("text")
+    monkeypatch.setenv("HYBRIDGEN_CACHE", str(tmp_path))
+
+
 @pytest.mark.parametrize("exp", EXPS)
-def test_every_experiment_composes_and_validates(exp):
+def test_every_experiment_composes_and_validates(exp, prepared_cache):
     points = sweep.resolve_points([f"+exp={exp}"])
     assert points, exp
     names = {cfg.exp.name for _, cfg in points}
@@ -101,6 +115,7 @@ def test_auto_gpu_capacity_subtracts_weights():
     (["workload.batch=abc"], "workload.batch"),
     (["model.weights=fake"], "choose one of: real, random, dummy"),
     (["workload.source=wiki"], "workload.source"),
+    (["exp.kind=project"], "hardware profile"),
 ])
 def test_bad_input_is_one_config_error(overrides, expect):
     with pytest.raises(ConfigError) as ei:

@@ -1,6 +1,5 @@
 """Figure notebooks (jupytext percent files are plain Python): with no results they explain what
 to run instead of crashing; with (tiny) results they write their PNGs."""
-import os
 import subprocess
 import sys
 from pathlib import Path

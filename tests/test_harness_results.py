@@ -157,3 +157,16 @@ def test_killed_sweep_resumes_only_the_missing_runs(tmp_path):
     agg = subprocess.run([sys.executable, "experiments/aggregate.py", "quickstart", "--results-dir", str(tmp_path)],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert agg.returncode == 0 and "3 run(s)" in agg.stdout
+
+
+def test_projection_experiment_needs_no_model_run_and_is_labelled(tmp_path):
+    p = _run(["+exp=speedup_projected", "hardware=h100", "method=full,hybridgen,flexgen", f"results_dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    runs = results.ResultsStore(tmp_path, "speedup_projected").finished_runs()
+    assert len(runs) == 3
+    for r in runs:
+        m = json.loads((r / "metrics.json").read_text())
+        pr = m["projected"]
+        assert pr["projected"] is True and pr["profile"] == "h100-80gb-cxl" and pr["step_s"] > 0
+        assert "latency" not in m                      # nothing measured, nothing pretended
+    assert "(projected)" in p.stdout
