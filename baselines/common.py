@@ -79,11 +79,6 @@ class BaselineMethod(KVMethod):
         self._owned.append(obj)
         return obj
 
-    def disown(self, obj) -> None:
-        """Release one owned allocation now."""
-        obj.release()
-        self._owned = [o for o in self._owned if o is not obj]
-
     def segment(self, tier: str, owner: str, capacity: int, with_mask: bool,
                 head_dim: Optional[int] = None, dtype: Optional[torch.dtype] = None,
                 value_tier: Optional[str] = None) -> KVSegment:
@@ -138,13 +133,6 @@ def gather_mask(valid: Optional[Tensor], idx: Tensor) -> Optional[Tensor]:
     return torch.gather(valid, 2, idx)
 
 
-def kv_mask3(valid: Optional[Tensor], num_kv_heads: int) -> Optional[Tensor]:
-    """valid [B, T] -> [B, Hkv, T] view (or None)."""
-    if valid is None:
-        return None
-    return valid[:, None, :].expand(-1, num_kv_heads, -1) if valid.dim() == 2 else valid
-
-
 def group_reduce(x: Tensor, num_kv_heads: int, how: str = "sum") -> Tensor:
     """[B, Hq, ...] -> [B, Hkv, ...] by summing / averaging / max over each KV group's query heads."""
     B, Hq = x.shape[:2]
@@ -192,8 +180,6 @@ def causal_attention_colsum(q: Tensor, k: Tensor, scale: float, valid: Optional[
     Returns [B, Hq, T] float32.
     """
     B, Hq, T, D = q.shape
-    Hkv = k.shape[1]
-    g = Hq // Hkv
     out = torch.zeros(B, Hq, T, dtype=torch.float32, device=q.device)
     kpos = torch.arange(T, device=q.device)
     for s in range(query_start, T, chunk):

@@ -50,7 +50,8 @@ from torch import Tensor
 from baselines import quant
 from baselines.common import BaselineMethod, needs_mask
 from baselines.prefetch import Prefetcher
-from hybridgen.attention import merge_partials, partial_attention
+from hybridgen.attention import merge_partials
+from hybridgen.attention.cuda_kernels import partial_attention  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.errors import ConfigError
 from hybridgen.methods import MethodContext, register

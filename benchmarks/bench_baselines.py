@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 # Measured here (2 cores shared with other jobs): with libgomp's default active waiting, a
@@ -50,6 +50,7 @@ from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 from hybridgen.eval.fidelity import fidelity  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import build_method  # noqa: E402
+from hybridgen.results import format_table  # noqa: E402
 
 MiB = 2 ** 20
 
@@ -64,6 +65,11 @@ METHODS: Dict[str, tuple] = {
     "snapkv": ("snapkv", {"budget": "{budget}"}),
     "streamingllm": ("streamingllm", {"budget": "{budget}"}),
     "quest": ("quest", {"budget": "{budget}"}),
+    "hybrid-exact": ("hybrid-exact", {"gpu_budget": 0.1}),
+    # defaults: 10% of the context on the gpu tier, the feedback scheduler owns the top-k ratio
+    "hybridgen": ("hybridgen", {}),
+    # a fixed ~20% attended budget like the baselines: 10% gpu tier + top 10% of host tokens
+    "hybridgen-b20": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1}),
 }
 DEFAULT_METHODS = list(METHODS)
 # ablations, run only when named in --methods
@@ -72,6 +78,9 @@ METHODS.update({
     "infinigen-cap": ("infinigen", {"budget": "{budget}", "alpha": float("inf")}),
     "streamingllm-naive": ("streamingllm", {"budget": "{budget}", "shift_positions": False}),
     "quest-all-layers": ("quest", {"budget": "{budget}", "dense_layers": 0}),
+    "hybridgen-per-head": ("hybridgen", {"per_head": True}),
+    "hybridgen-gpu20": ("hybridgen", {"gpu_budget": 0.2}),
+    "hybridgen-no-pipeline": ("hybridgen", {"pipeline": False}),
 })
 
 
@@ -116,15 +125,6 @@ def run_one(engine, method, ids, ref_tokens, pool=None) -> dict:
             "h2d_per_step": (stats.get("bytes_h2d", 0) - stats0.get("bytes_h2d", 0)) / steps,
             "d2h_per_step": (stats.get("bytes_d2h", 0) - stats0.get("bytes_d2h", 0)) / steps,
             "prefill_d2h": stats0.get("bytes_d2h", 0), "load": (load0 + load1) / 2, "emulated": emulated}
-
-
-def _table(rows: List[dict], cols: List[str]) -> str:
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    line = "  ".join(c.ljust(widths[c]) for c in cols)
-    out = [line, "  ".join("-" * widths[c] for c in cols)]
-    for r in rows:
-        out.append("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
-    return "\n".join(out)
 
 
 def _fmt(x: float, nd: int = 2) -> str:
@@ -226,7 +226,7 @@ def main(argv=None) -> None:
             })
         cols = ["method", "decode_ms_per_token", "prefill_s", "gpu_MiB", "dram_MiB", "h2d_KiB_per_step",
                 "d2h_KiB_per_step", "top1_agreement", "mean_kl"]
-        print(_table(rows, cols), flush=True)
+        print(format_table(rows, cols), flush=True)
         path = out_dir / f"{args.model}_ctx{ctx_len}_b{args.batch}_budget{args.budget}.csv"
         with open(path, "w", newline="") as f:
             f.write(f"# command: {command}\n")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hybridgen.attention import partial_attention  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
+from hybridgen.timing import median_interleaved, median_time  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -112,30 +112,6 @@ def _make_work(kind, seconds, gpu_q, gpu_k, gpu_v, scale, torch_reps):
     raise ValueError(kind)
 
 
-def _time(fn, reps):
-    """Median seconds of ``reps`` calls after one warm-up."""
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def _time_interleaved(fns, reps):
-    """Median seconds per function, calling them round-robin (shared-machine noise hits all alike)."""
-    for fn in fns.values():
-        fn()  # warm-up
-    ts = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            ts[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(v) for name, v in ts.items()}
-
-
 def _steps(host, work, thread_pools, proc_pools, q, hk, hv, scale, T):
     """One step per mode: the host partial and ``work`` (None: the host partial alone)."""
     def seq():
@@ -179,16 +155,16 @@ def run(args):
             kv_bytes = 2 * hk.numel() * hk.element_size()
             host = (lambda: partial_attention(q, hk, hv, scale))
             base = {"batch": B, "tokens": T, "kv_MB": round(kv_bytes / 1e6, 1)}
-            alone = _time_interleaved(_steps(host, None, thread_pools, proc_pools, q, hk, hv, scale, T), args.reps)
+            alone = median_interleaved(_steps(host, None, thread_pools, proc_pools, q, hk, hv, scale, T), args.reps)
             rows.append({**base, "work": "alone", **{f"{n}_ms": t * 1e3 for n, t in alone.items()}})
             t_host = alone["seq"]  # the other work lasts about as long as the host partial
             w = max(1, T // 4)  # the GPU window stand-in for the 'torch' work
             gq, gk, gv = q, k[:, :, :w].clone(), v[:, :, :w].clone()
-            t_one = _time(lambda: partial_attention(gq, gk, gv, scale), args.reps)
+            t_one = median_time(lambda: partial_attention(gq, gk, gv, scale), args.reps)
             torch_reps = max(1, round(t_host / max(t_one, 1e-6)))
             for kind in args.work:
                 work = _make_work(kind, t_host, gq, gk, gv, scale, torch_reps)
-                res = _time_interleaved(_steps(host, work, thread_pools, proc_pools, q, hk, hv, scale, T), args.reps)
+                res = median_interleaved(_steps(host, work, thread_pools, proc_pools, q, hk, hv, scale, T), args.reps)
                 rows.append({**base, "work": kind, **{f"{n}_ms": t * 1e3 for n, t in res.items()}})
             if proc_pools:  # the process pool computes the same thing
                 out_p, _ = next(iter(proc_pools.values())).submit(q, T).result()

@@ -50,6 +50,8 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.errors import cli_errors  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import Budget, KVMethod, MethodContext, build_method  # noqa: E402
+from hybridgen.results import format_table  # noqa: E402
+from hybridgen.timing import median_interleaved  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -61,18 +63,6 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     den = b.norm().item()
     return (a - b).norm().item() / den if den else (a - b).norm().item()
-
-
-def _table(rows: List[dict]) -> str:
-    try:
-        import pandas as pd
-        return pd.DataFrame(rows).to_string(index=False)
-    except ImportError:  # aligned columns without pandas
-        cols = list(rows[0])
-        width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-        lines = ["  ".join(c.rjust(width[c]) for c in cols)]
-        lines += ["  ".join(str(r[c]).rjust(width[c]) for c in cols) for r in rows]
-        return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------- (a) side by side
@@ -197,29 +187,6 @@ def bench_separate(engine, ids, args, pool) -> List[dict]:
 
 
 # ----------------------------------------------------------------------- (b) pool bandwidth
-def _median_s(fn, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def _median_interleaved(fns, reps: int) -> Dict[str, float]:
-    """Median seconds per function, called round-robin so machine noise hits all alike."""
-    for fn in fns.values():
-        fn()
-    ts: Dict[str, List[float]] = {n: [] for n in fns}
-    for _ in range(reps):
-        for n, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            ts[n].append(time.perf_counter() - t)
-    return {n: statistics.median(v) for n, v in ts.items()}
-
-
 def _sdpa(q, k, v, scale):
     try:
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
@@ -245,7 +212,7 @@ def bench_pool(args, spec, pool) -> List[dict]:
             fns = {"pool": lambda: pool.submit(partial_attention, q, k, v, scale).result(),
                    "inline": lambda: partial_attention(q, k, v, scale),
                    "sdpa": lambda: _sdpa(q, k, v, scale)}
-            t = _median_interleaved(fns, args.reps)
+            t = median_interleaved(fns, args.reps)
             rows.append({"batch": B, "host tokens": T, "KV MB": round(nbytes / 1e6, 1),
                          "pool ms": round(t["pool"] * 1e3, 2), "pool GB/s": round(nbytes / t["pool"] / 1e9, 2),
                          "inline GB/s": round(nbytes / t["inline"] / 1e9, 2),
@@ -295,10 +262,10 @@ def main(argv=None) -> None:
         print(f"\n(a) decode step, {args.model} ({s.num_layers} layers, Hq={s.num_heads}, Hkv={s.num_kv_heads}, "
               f"D={s.head_dim}, {engine.dtype}), context {args.ctx}, batch {args.batch}, {args.steps} steps [{mode}]")
         rows = (bench_separate if args.separate else bench_shared)(engine, ids, args, pool)
-        print(_table(rows))
+        print(format_table(rows))
     print(f"\n(b) host partial attention: CPU pool vs torch CPU SDPA, Hq={spec[0]} Hkv={spec[1]} D={spec[2]}, "
           f"{args.dtype}, median of {args.reps}")
-    print(_table(bench_pool(args, spec, pool)))
+    print(format_table(bench_pool(args, spec, pool)))
     pool.shutdown()
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
 

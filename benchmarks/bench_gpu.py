@@ -62,6 +62,7 @@ import torch  # noqa: E402
 from hybridgen.attention.partial import partial_attention  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import MethodContext, build_method  # noqa: E402
+from hybridgen.timing import median_time  # noqa: E402
 
 METHODS = ("full", "hybrid-exact", "hybridgen", "flexgen-stream", "flexgen-cpu")
 HOST_METHODS = METHODS[1:]
@@ -308,16 +309,8 @@ def run_e2e(cfg: BenchConfig, device: torch.device, clock: Clock, emit: Callable
 # ------------------------------------------------------------------ 3. scan vs read bandwidth
 def run_scan(cfg: BenchConfig, device: torch.device, emit: Callable[[Dict[str, Any]], None]) -> None:
     """Host read bandwidth and the CPU key scan (pageable and pinned keys) at the target point."""
-    reps = 5
-
     def best(fn):
-        fn()
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
+        return median_time(fn, 5)
 
     buf = torch.ones(cfg.read_bytes // 4, dtype=torch.float32)
     read = cfg.read_bytes / best(lambda: buf.sum()) / 1e9
@@ -371,15 +364,7 @@ def run_kernels(cfg: BenchConfig, device: torch.device, emit: Callable[[Dict[str
     scale = 1 / math.sqrt(D)
 
     def timed(fn):
-        fn()
-        _sync(device)
-        ts = []
-        for _ in range(cfg.kernel_reps):
-            t = time.perf_counter()
-            fn()
-            _sync(device)
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
+        return median_time(fn, cfg.kernel_reps, sync=lambda: _sync(device))
 
     g = torch.Generator(device=device).manual_seed(7)
     for T in cfg.kernel_contexts:
@@ -643,7 +628,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.cpu_smoke:
         notes.append(f"note: the projection is for the {cfg.profile} profile; against CPU smoke timings its error "
                      "is meaningless (shown to exercise the code path).")
-    md = [f"# {title}", "", f"environment: {env}", shape, f"elapsed: {clock.elapsed():.0f} s", "", *notes, "",
+    command = "python benchmarks/bench_gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    md = [f"# {title}", "", f"command: `{command.strip()}`", "", f"environment: {env}", shape, f"elapsed: {clock.elapsed():.0f} s", "", *notes, "",
           "## Host memory read vs CPU key scan", "",
           _simple_table([r for r in rows if r["section"] == "scan"], ["method", "gbps", "pct_of_read", "status"]), "",
           "## End-to-end decode (dummy weights)", "",

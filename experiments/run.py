@@ -23,10 +23,11 @@ if str(_ROOT) not in sys.path:  # run as a script: make `experiments` and `hybri
     sys.path.insert(0, str(_ROOT))
 
 for _k, _v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"),
-               ("NUMBA_THREADING_LAYER", "workqueue"), ("TOKENIZERS_PARALLELISM", "false")):
+               ("NUMBA_THREADING_LAYER", "workqueue"), ("OMP_WAIT_POLICY", "passive"),
+               ("TOKENIZERS_PARALLELISM", "false")):
     os.environ.setdefault(_k, _v)
 
-import torch  # noqa: E402  (before anything that may import numba: see OFFLINE.md)
+import torch  # noqa: E402  (before anything that may import numba: docs/design.md)
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -129,10 +130,30 @@ def main(argv=None) -> int:
             return 2
     print()
     runner.print_table(outcomes)
+    if points[0][1].exp.kind == "generate":
+        _print_samples(results_dir, exp, outcomes)
     print(f"\nresults: {Path(results_dir) / exp}/   (aggregate: python experiments/aggregate.py {exp})")
     if not torch.cuda.is_available() and points[0][1].exp.kind == "generate":
         print("no CUDA here: the gpu tier is emulated on the CPU (timings show CPU cost, not GPU speed)")
     return 2 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def _print_samples(results_dir, exp, outcomes, width: int = 100) -> None:
+    """One line per finished run: the start of its first generated text (row 0 of the batch)."""
+    from hybridgen.results import ResultsStore, load_run
+
+    store = ResultsStore(results_dir, exp)
+    lines = []
+    for o in outcomes:
+        if not store.is_done(o.name):
+            continue
+        text = (load_run(store.run_dir(o.name)).get("sample") or {}).get("text")
+        if text:
+            flat = " ".join(text.split())
+            lines.append(f"  {o.row.get('method', o.name)}: {flat[:width]}{'...' if len(flat) > width else ''}")
+    if lines:
+        print("\ngenerated text (first row):")
+        print("\n".join(lines))
 
 
 def _print_experiment(results_dir, exp, cfgs) -> None:

@@ -32,7 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybridgen.errors import HybridGenError
-from hybridgen.results import ResultsStore, format_table, run_name, write_json
+from hybridgen.results import CONFIG, ResultsStore, format_table, run_name, write_json
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -327,7 +327,7 @@ def run_point(cfg: DictConfig, session: Session, overrides: List[str] = ()) -> O
     started = time.time()
     try:
         with store.writing(name, force=bool(cfg.force), log=session.log) as tmp:
-            (tmp / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            (tmp / CONFIG).write_text(OmegaConf.to_yaml(cfg))
             kind = cfg.exp.kind
             body = (run_accuracy(cfg, session, tmp) if kind == "accuracy" else
                     run_projection(cfg) if kind == "project" else run_generation(cfg, session, tmp))

@@ -127,15 +127,17 @@ def validate(cfg: DictConfig) -> None:
         check_tasks(list(cfg.exp.accuracy.tasks))
     elif cfg.exp.kind == "generate":
         from hybridgen.data.sources import check_available
+        from hybridgen.model import model_spec
 
         check_available(cfg.workload.source)
+        w, positions = cfg.workload, model_spec(cfg.model.name).max_positions
+        if int(w.prompt_len) + int(w.gen_len) > positions:
+            raise ConfigError(f"workload.prompt_len={w.prompt_len} + workload.gen_len={w.gen_len} exceeds "
+                              f"{cfg.model.name}'s {positions} positions; shorten the prompt or the generation")
     if cfg.exp.fidelity or (cfg.exp.kind == "accuracy" and cfg.exp.accuracy.fidelity):
         ref = CONF_DIR / "method" / f"{cfg.exp.reference}.yaml"
         if not ref.exists():
             raise ConfigError(f"exp.reference={cfg.exp.reference!r} has no conf/method/{cfg.exp.reference}.yaml")
-
-
-_KEY_MSG = re.compile(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')")
 
 
 def friendly_error(err: BaseException, overrides: Sequence[str] = ()) -> str:

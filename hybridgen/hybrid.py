@@ -77,7 +77,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybridgen.attention import attention_logits, softmax_over_parts
+from hybridgen.attention import attention_logits
+from hybridgen.attention.cuda_kernels import softmax_over_parts  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.attention.cpu_scan import (HostSelection, host_branch, resolve_backend, rows_logits,
                                           topk_count)
@@ -235,6 +236,7 @@ class HybridGen(KVMethod):
         self.last_selection: Dict[int, Tuple[int, Tensor]] = {}
         self.stats.update({"host_tokens_scanned": 0, "topk_selected": 0, "exact_logit_recomputes": 0,
                            "speculative_scans": 0, "cpu_branch_s": 0.0, "gpu_branch_s": 0.0,
+                           "cpu_scan_s": 0.0, "cpu_topk_s": 0.0, "cpu_gather_s": 0.0,
                            "streamed_tokens": 0, "trace": self.trace})
 
     def _make_scheduler(self, window: int, host_tokens: int) -> FeedbackScheduler:
@@ -444,6 +446,8 @@ class HybridGen(KVMethod):
             parts.insert(0, (lg_dev[:, :, None, :], sel.v_rows))
             self.count("bytes_h2d", logits.numel() * 4 + sel.v_rows.numel() * sel.v_rows.element_size())
             self.count("topk_selected", logits.shape[-1])
+            for part in ("scan", "topk", "gather"):  # the CPU branch's own split (seconds, all layers)
+                self.count(f"cpu_{part}_s", getattr(sel, f"{part}_s"))
             self.count("host_tokens_scanned", host.length)
             self._cpu_s[layer] += task_s + exact_s
         out = softmax_over_parts(parts, Hkv).to(q.dtype)

@@ -29,7 +29,8 @@ from typing import Deque, List, Optional
 
 from torch import Tensor
 
-from hybridgen.attention import merge_partials, partial_attention
+from hybridgen.attention import merge_partials
+from hybridgen.attention.cuda_kernels import partial_attention  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment

@@ -29,17 +29,17 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from hybridgen.errors import cli_errors
+from hybridgen.timing import median_time
 
 SHAPE = {"batch": 8, "heads": 32, "kv_heads": 8, "head_dim": 128}
 
@@ -62,21 +62,6 @@ class ProfileConfig:
                    hbm_bytes=512 << 20, matmul_n=4096, reps=3)
 
 
-def _median_time(fn: Callable[[], Any], reps: int, sync: Optional[Callable[[], None]] = None) -> float:
-    """Median wall time of fn() over ``reps`` runs after one warm-up (sync() after each when given)."""
-    fn()
-    if sync:
-        sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _gbps(nbytes: float, seconds: float) -> float:
     return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("nan")
 
@@ -84,7 +69,7 @@ def _gbps(nbytes: float, seconds: float) -> float:
 # ------------------------------------------------------------------ host memory
 def _read_bandwidth(buf: torch.Tensor, reps: int) -> float:
     """GB/s of a full read of ``buf`` (float32) by torch's CPU threads."""
-    return _gbps(buf.numel() * buf.element_size(), _median_time(lambda: buf.sum(), reps))
+    return _gbps(buf.numel() * buf.element_size(), median_time(lambda: buf.sum(), reps))
 
 
 def _node_cpus(node: int) -> List[int]:
@@ -165,7 +150,7 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32")) -> Dict[str
     for name in dtypes:
         q, k, v = _decode_inputs(cfg.cpu_tokens, names[name])
         kv_bytes = 2 * k.numel() * k.element_size()
-        attn[name] = _gbps(kv_bytes, _median_time(lambda: partial_attention(q, k, v, scale), cfg.reps))
+        attn[name] = _gbps(kv_bytes, median_time(lambda: partial_attention(q, k, v, scale), cfg.reps))
         try:
             from hybridgen.attention.cpu_scan import resolve_backend, scan_logits
 
@@ -176,13 +161,13 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32")) -> Dict[str
 
             backend = "torch-matmul"
             fn = lambda: attention_logits(q, k, scale)  # noqa: E731
-        scan[name] = _gbps(k.numel() * k.element_size(), _median_time(fn, cfg.reps))
+        scan[name] = _gbps(k.numel() * k.element_size(), median_time(fn, cfg.reps))
         scan_backend[name] = backend
         if topk is None:
             logits = torch.randn(SHAPE["batch"], SHAPE["heads"], cfg.cpu_tokens)
             kk = max(1, cfg.cpu_tokens // 20)
             topk = _gbps(logits.numel() * 4,
-                         _median_time(lambda: torch.topk(logits, kk, dim=-1, sorted=False), cfg.reps))
+                         median_time(lambda: torch.topk(logits, kk, dim=-1, sorted=False), cfg.reps))
         del q, k, v
     return {"cpu_attention_gbps": attn, "key_scan_gbps": scan, "key_scan_backend": scan_backend, "topk_gbps": topk}
 
@@ -200,34 +185,34 @@ def measure_gpu(cfg: ProfileConfig) -> Optional[Dict[str, Any]]:
     pinned = torch.ones(n, dtype=torch.uint8).pin_memory()
     pageable = torch.ones(n, dtype=torch.uint8)
     link = {
-        "h2d_pinned_gbps": _gbps(n, _median_time(lambda: d_buf.copy_(pinned, non_blocking=True), cfg.reps, sync)),
-        "h2d_pageable_gbps": _gbps(n, _median_time(lambda: d_buf.copy_(pageable), cfg.reps, sync)),
-        "d2h_pinned_gbps": _gbps(n, _median_time(lambda: pinned.copy_(d_buf, non_blocking=True), cfg.reps, sync)),
-        "d2h_pageable_gbps": _gbps(n, _median_time(lambda: pageable.copy_(d_buf), cfg.reps, sync)),
+        "h2d_pinned_gbps": _gbps(n, median_time(lambda: d_buf.copy_(pinned, non_blocking=True), cfg.reps, sync)),
+        "h2d_pageable_gbps": _gbps(n, median_time(lambda: d_buf.copy_(pageable), cfg.reps, sync)),
+        "d2h_pinned_gbps": _gbps(n, median_time(lambda: pinned.copy_(d_buf, non_blocking=True), cfg.reps, sync)),
+        "d2h_pageable_gbps": _gbps(n, median_time(lambda: pageable.copy_(d_buf), cfg.reps, sync)),
     }
     small = torch.ones(1, device=dev)
-    link["latency_us"] = round(_median_time(lambda: small.to("cpu"), 20) * 1e6, 1)
+    link["latency_us"] = round(median_time(lambda: small.to("cpu"), 20) * 1e6, 1)
     del pinned, pageable, d_buf
     a = torch.ones(cfg.hbm_bytes // 4, device=dev)
     b = torch.empty_like(a)
-    hbm = _gbps(2 * cfg.hbm_bytes, _median_time(lambda: b.copy_(a), cfg.reps, sync))
+    hbm = _gbps(2 * cfg.hbm_bytes, median_time(lambda: b.copy_(a), cfg.reps, sync))
     del a, b
     m = cfg.matmul_n
     x = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
     y = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
-    tflops = round(2 * m ** 3 / _median_time(lambda: x @ y, cfg.reps, sync) / 1e12, 1)
+    tflops = round(2 * m ** 3 / median_time(lambda: x @ y, cfg.reps, sync) / 1e12, 1)
     del x, y
-    launch_us = round(_median_time(lambda: small.add_(1), 50, sync) * 1e6, 1)
+    launch_us = round(median_time(lambda: small.add_(1), 50, sync) * 1e6, 1)
     from hybridgen.attention import cuda_kernels
     from hybridgen.attention.partial import partial_attention
 
     q, k, v = _decode_inputs(cfg.gpu_tokens, torch.bfloat16, "cuda")
     kv_bytes = 2 * k.numel() * k.element_size()
     scale = 1 / math.sqrt(SHAPE["head_dim"])
-    by_backend = {"torch": _gbps(kv_bytes, _median_time(lambda: partial_attention(q, k, v, scale), cfg.reps, sync))}
+    by_backend = {"torch": _gbps(kv_bytes, median_time(lambda: partial_attention(q, k, v, scale), cfg.reps, sync))}
     if cuda_kernels.kernels_available():
         try:
-            by_backend["cupy"] = _gbps(kv_bytes, _median_time(
+            by_backend["cupy"] = _gbps(kv_bytes, median_time(
                 lambda: cuda_kernels.cupy_partial_attention(q, k, v, scale), cfg.reps, sync))
         except Exception as err:  # noqa: BLE001 - record, do not fail the profile
             by_backend["cupy_error"] = f"{type(err).__name__}: {err}"[:200]

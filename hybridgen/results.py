@@ -29,14 +29,13 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from hybridgen.errors import ConfigError
 
 DONE = "DONE"
 METRICS = "metrics.json"
 CONFIG = "config.yaml"
-SCHEMA_VERSION = 1
 _SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
 
@@ -289,10 +288,3 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[s
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body]
     return "\n".join(lines)
-
-
-def iter_jsonl(path: os.PathLike | str) -> Iterable[Dict[str, Any]]:
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)

@@ -92,8 +92,13 @@ if budget is not None:
                 s = [r["acc_norm"] for r in rows if r["task"] == task and r["doc_id"] < limit]
                 if s:
                     axes[0][0].axhline(sum(s) / len(s), color="k", ls="--", lw=1, label=f"full ({len(s)} items)")
+    from matplotlib.ticker import NullFormatter
+
+    budgets = sorted(budget["method.params.budget"].astype(float).unique())
     for ax, (_, ylabel) in zip(axes[0], panels):
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
         ax.set_xlabel("KV budget (share of the prompt)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

@@ -12,7 +12,6 @@
 # haystacks of several lengths (task `hg_needle` in `+exp=accuracy`), one heatmap per method.
 
 # %%
-import json
 
 import matplotlib
 

@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 
-from baselines.common import held_bytes_by_tier
 from baselines.full import Full
 from hybridgen.methods import Budget, build_method
 from tests._baselines_cases import dense_ref, left_padding, rel_err, run_method
@@ -97,7 +96,7 @@ def test_bytes_per_tier_match_held_tensors_and_release_frees(key):
 
     def check(m, step):
         store = m.ctx.store.bytes_by_tier()
-        held = held_bytes_by_tier(m._owned)
+        held = m.held_bytes()
         checks.append(step)
         assert {k: v for k, v in store.items() if v} == {k: v for k, v in held.items() if v}
 

@@ -102,7 +102,7 @@ def test_h2o_budget_recent_window_and_top_scores_every_step():
         t = T + step
         bt = budget.resolve(t + 1)
         for layer in range(2):
-            seg, sc, ps = m.cache[layer], m.scores[layer].t, m.pos[layer].t
+            seg, _, ps = m.cache[layer], m.scores[layer].t, m.pos[layer].t
             n = seg.length
             assert n <= bt  # budget respected
             assert seg.capacity == budget.resolve(T + T_steps)  # memory bounded, never regrown

@@ -171,6 +171,66 @@ def test_fallback_softmax_over_parts_matches_torch_primitive():
     assert torch.equal(out, tp.softmax_over_parts(parts, Hkv))
 
 
+@pytest.fixture
+def pretend_cupy(monkeypatch):
+    """Make the dispatcher believe tensors are on CUDA and CuPy works (state reset per test)."""
+    monkeypatch.setattr(ck, "_on_cuda", lambda *tensors: True)
+    monkeypatch.setattr(ck, "kernels_available", lambda: True)
+    monkeypatch.setattr(ck, "_verified", set())
+    monkeypatch.setattr(ck, "_rejected", set())
+    monkeypatch.delenv("HYBRIDGEN_CUPY", raising=False)
+
+
+def test_first_cupy_result_is_checked_and_a_wrong_kernel_is_switched_off(pretend_cupy):
+    q, k, v = _inputs(2, 4, 2, 33, 16)
+    calls = []
+
+    def wrong_kernel(q, k, v, scale, mask):
+        calls.append(1)
+        out, lse = tp.partial_attention(q, k, v, scale, mask)
+        return out + 0.1, lse
+
+    ref = tp.partial_attention(q, k, v, 0.25, None)
+    with pytest.warns(RuntimeWarning, match="disagrees with torch"):
+        out, lse = ck._dispatch(wrong_kernel, tp.partial_attention, k.dtype, (q, k, v), q, k, v, 0.25, None)
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])  # the torch result, not the kernel's
+    out2, _ = ck._dispatch(wrong_kernel, tp.partial_attention, k.dtype, (q, k, v), q, k, v, 0.25, None)
+    assert len(calls) == 1 and torch.equal(out2, ref[0])  # switched off: not called again
+
+
+def test_a_matching_kernel_is_checked_once_then_trusted(pretend_cupy):
+    q, k, v = _inputs(1, 4, 4, 20, 8)
+    torch_calls = []
+
+    def torch_fn(*args):
+        torch_calls.append(1)
+        return tp.partial_attention(*args)
+
+    def kernel(*args):
+        return tp.partial_attention(*args)
+
+    for _ in range(3):
+        ck._dispatch(kernel, torch_fn, k.dtype, (q, k, v), q, k, v, 0.5, None)
+    assert len(torch_calls) == 1 and (kernel.__name__, torch.float32) in ck._verified
+
+
+def test_strict_mode_raises_on_a_wrong_kernel(pretend_cupy, monkeypatch):
+    monkeypatch.setenv("HYBRIDGEN_CUPY", "strict")
+    x = torch.randn(3, 5)
+    with pytest.raises(RuntimeError, match="disagrees with torch"):
+        ck._dispatch(lambda t: t + 1, lambda t: t, x.dtype, (x,), x)
+
+
+def test_split_methods_attend_through_the_dispatcher():
+    from hybridgen.model import load_model
+
+    engine = load_model("smollm2-135m", weights="random", num_layers=2, tokenizer=False)
+    before = dict(ck.dispatch_counts)
+    for method in ("hybrid-exact", "hybridgen", "flexgen"):
+        engine.generate(torch.randint(3, 1000, (1, 40)), method, max_new_tokens=3)
+    assert ck.dispatch_counts["torch"] > before["torch"]  # no CUDA here: every call fell back
+
+
 def test_kernel_config_rejects_unsupported_shapes():
     assert ck.kernel_config(torch.bfloat16, 128)["lpr"] == 16
     assert ck.kernel_config(torch.float32, 256)["vpl"] == 2

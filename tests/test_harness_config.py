@@ -116,6 +116,8 @@ def test_auto_gpu_capacity_subtracts_weights():
     (["model.weights=fake"], "choose one of: real, random, dummy"),
     (["workload.source=wiki"], "workload.source"),
     (["exp.kind=project"], "hardware profile"),
+    (["workload.prompt_len=8190", "workload.gen_len=8"], "exceeds smollm2-135m's 8192 positions"),
+    (["+exp=accuracy", "method=full", "exp.accuracy.tasks=[hg_nosuch]"], "unknown local task 'hg_nosuch'"),
 ])
 def test_bad_input_is_one_config_error(overrides, expect):
     with pytest.raises(ConfigError) as ei:

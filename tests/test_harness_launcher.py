@@ -1,6 +1,5 @@
 """Scale-out: the same sweep through Hydra's submitit launcher (its local executor stands in for
 SLURM) writes the same run directories as an in-process run, one job per point."""
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -135,7 +135,7 @@ _GUARD = textwrap.dedent("""
 @pytest.mark.skipif(not cs.numba_available(), reason="numba not installed")
 def test_numba_kernels_do_not_slow_torch_matmul():
     """Regression guard (not a speed claim): running our numba kernels must not make torch's
-    CPU matmul > 5x slower (numba's OpenMP layer fighting torch's did ~25x; see OFFLINE.md)."""
+    CPU matmul > 5x slower (numba's OpenMP layer fighting torch's did ~25x; docs/design.md)."""
     env = dict(os.environ, NUMBA_THREADING_LAYER=os.environ.get("NUMBA_THREADING_LAYER", "workqueue"))
     seen = []
     for _attempt in range(3):  # a real clash persists; a busy shared machine does not, so retry

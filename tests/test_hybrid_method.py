@@ -216,7 +216,6 @@ def test_split_moves_keep_topk_one_exact(new_windows):
 def test_scan_window_limits_the_scan():
     shape = (1, 4, 2, 8, 300)
     m = HybridGen(gpu_budget=Budget(tokens=10), sinks=2, topk_ratio=0.5, min_topk=0)
-    ctx = _ctx(shape, 2, torch.float32)
     _run(m, shape, torch.float32, 0, 1)
     m.scheduler.knobs["all"].window = 40
     before = m.stats["host_tokens_scanned"]

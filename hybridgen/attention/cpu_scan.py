@@ -16,8 +16,8 @@ Kernels (``backend``):
   G <= 8 with G accumulators; a generic loop beyond), accumulating in fp32 (``exact=True``).
   It is compiled ``nogil`` and run serially per call on a small thread pool of our own
   (work split by (batch, KV head, 512-token block)), never with numba's parallel threading
-  layer, which clashes with torch's OpenMP (see OFFLINE.md; the Makefile also sets
-  ``NUMBA_THREADING_LAYER=workqueue``). fp16 keys are not handled by numba (its CPU float16
+  layer, which clashes with torch's OpenMP (docs/design.md, thread-runtime pitfalls; the
+  Makefile also sets ``NUMBA_THREADING_LAYER=workqueue``). fp16 keys are not handled by numba (its CPU float16
   support is partial) and fall back to ``torch``.
 - top-k: ``torch.topk(sorted=False)`` (a partial selection) or numba ``np.argpartition``
   per row (introselect); gather: one ``index_select`` over the flattened (row, D) buffer,

@@ -40,7 +40,15 @@ Choices (the paper gives no kernel details):
 - the kernel sources include no CUDA headers (half/bf16 conversion by PTX / bit operations),
   so NVRTC needs no include path on the target machine;
 - an unsupported case or a kernel that fails to compile falls back to torch with one warning;
-  ``HYBRIDGEN_CUPY=0`` turns the CuPy path off, ``HYBRIDGEN_CUPY=strict`` makes failures raise.
+  ``HYBRIDGEN_CUPY=0`` turns the CuPy path off, ``HYBRIDGEN_CUPY=strict`` makes failures raise;
+- the first CuPy result of each kernel and dtype in a process is checked against the torch
+  primitive on the same inputs, and a kernel that disagrees is switched off with one warning
+  (the kernel source is tested on the CPU in a C++ emulator of the CUDA thread model and
+  compiled by NVRTC in the test suite; this guards GPUs and drivers it has not run on).
+
+Used by ``hybrid-exact`` and FlexGen (``partial_attention``) and ``hybridgen``
+(``softmax_over_parts``: it computes the GPU logits before the host top-k arrives, so the
+GPU logits overlap the CPU branch; ``hybrid_decode_attention`` fuses both for benchmarks).
 """
 from __future__ import annotations
 
@@ -782,7 +790,7 @@ def _on_cuda(*tensors: Optional[Tensor]) -> bool:
 
 def _try_cupy(fn, *args):
     """Run a CuPy entry point; None when it does not apply (the caller then uses torch)."""
-    if not kernels_available():
+    if not kernels_available() or fn.__name__ in _rejected:
         return None
     try:
         result = fn(*args)
@@ -797,8 +805,56 @@ def _try_cupy(fn, *args):
             warnings.warn(f"CuPy kernel {fn.__name__} failed ({type(err).__name__}: {err}); "
                           "using the torch fallback", RuntimeWarning, stacklevel=3)
         return None
-    dispatch_counts["cupy"] += 1
     return result
+
+
+#: (kernel, dtype) pairs whose first CuPy result matched torch; kernels whose first result did not
+_verified: set = set()
+_rejected: set = set()
+VERIFY_TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}
+
+
+def _max_rel_err(got, ref) -> float:
+    pairs = zip(got, ref) if isinstance(ref, tuple) else [(got, ref)]
+    err = 0.0
+    for a, b in pairs:
+        a, b = a.float(), b.float()
+        finite = torch.isfinite(b)
+        if not bool((torch.isfinite(a) == finite).all()):
+            return math.inf
+        diff = (a[finite] - b[finite]).abs().max() if bool(finite.any()) else a.new_zeros(())
+        err = max(err, float(diff) / max(float(b[finite].abs().max()) if bool(finite.any()) else 0.0, 1e-6))
+    return err
+
+
+def _dispatch(cupy_fn, torch_fn, dtype: torch.dtype, tensors: Sequence[Optional[Tensor]], *args):
+    """CuPy when it applies, else torch. The first CuPy result per (kernel, dtype) in a process is
+    checked against the torch primitive on the same inputs: a kernel that disagrees (beyond
+    ``VERIFY_TOL``) is switched off for the process with one warning (an error under
+    ``HYBRIDGEN_CUPY=strict``), so an untested GPU/driver combination cannot change results."""
+    if _on_cuda(*tensors):
+        res = _try_cupy(cupy_fn, *args)
+        if res is not None:
+            key = (cupy_fn.__name__, dtype)
+            if key in _verified:
+                dispatch_counts["cupy"] += 1
+                return res
+            ref = torch_fn(*args)
+            err = _max_rel_err(res, ref)
+            if err <= VERIFY_TOL.get(dtype, 3e-2):
+                _verified.add(key)
+                dispatch_counts["cupy"] += 1
+                return res
+            msg = (f"CuPy kernel {cupy_fn.__name__} disagrees with torch on its first call ({dtype}, max relative "
+                   f"error {err:.2e}); using the torch fallback for the rest of this process")
+            if _mode() == "strict":
+                raise RuntimeError(msg)
+            _rejected.add(cupy_fn.__name__)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            dispatch_counts["torch"] += 1
+            return ref
+    dispatch_counts["torch"] += 1
+    return torch_fn(*args)
 
 
 def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
@@ -808,12 +864,8 @@ def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     q: [B, Hq, Tq, D]; k, v: [B, Hkv, T, D]; mask: [B, Hkv, T]-broadcastable bool.
     Returns (out [B, Hq, Tq, D] in q's dtype, lse [B, Hq, Tq] float32).
     """
-    if _on_cuda(q, k, v, mask):
-        res = _try_cupy(cupy_partial_attention, q, k, v, scale, mask)
-        if res is not None:
-            return res
-    dispatch_counts["torch"] += 1
-    return _torch_impl.partial_attention(q, k, v, scale, mask)
+    return _dispatch(cupy_partial_attention, _torch_impl.partial_attention, k.dtype, (q, k, v, mask),
+                     q, k, v, scale, mask)
 
 
 def softmax_over_parts(parts: Sequence[Tuple[Tensor, Tensor]], num_kv_heads: int) -> Tensor:
@@ -822,12 +874,18 @@ def softmax_over_parts(parts: Sequence[Tuple[Tensor, Tensor]], num_kv_heads: int
     parts: (logits [B, Hq, Tq, Ti] float32, values [B, Hkv or Hq, Ti, D]). Returns
     [B, Hq, Tq, D] in the first values' dtype.
     """
-    if parts and _on_cuda(*[t for part in parts for t in part]):
-        res = _try_cupy(cupy_softmax_over_parts, parts, num_kv_heads)
-        if res is not None:
-            return res
-    dispatch_counts["torch"] += 1
-    return _torch_impl.softmax_over_parts(parts, num_kv_heads)
+    if not parts:
+        return _torch_impl.softmax_over_parts(parts, num_kv_heads)
+    return _dispatch(cupy_softmax_over_parts, _torch_impl.softmax_over_parts, parts[0][1].dtype,
+                     [t for part in parts for t in part], parts, num_kv_heads)
+
+
+def _torch_hybrid_decode_attention(q: Tensor, host_logits: Tensor, host_values: Tensor, k_gpu: Tensor,
+                                   v_gpu: Tensor, scale: float, gpu_mask: Optional[Tensor] = None) -> Tensor:
+    hl = host_logits if host_logits.dim() == 4 else host_logits[:, :, None, :]
+    Hkv = k_gpu.shape[1]
+    gpu_logits = _torch_impl._mask_logits(_torch_impl.attention_logits(q, k_gpu, scale), gpu_mask, Hkv)
+    return _torch_impl.softmax_over_parts([(hl.float(), host_values), (gpu_logits, v_gpu)], Hkv)
 
 
 def hybrid_decode_attention(q: Tensor, host_logits: Tensor, host_values: Tensor, k_gpu: Tensor,
@@ -839,15 +897,9 @@ def hybrid_decode_attention(q: Tensor, host_logits: Tensor, host_values: Tensor,
     (per-head selection); k_gpu, v_gpu: [B, Hkv, T, D]; gpu_mask: [B, Hkv, T]-broadcastable
     bool (True = attend). Returns [B, Hq, 1, D] in host_values' dtype.
     """
-    if _on_cuda(q, host_logits, host_values, k_gpu, v_gpu, gpu_mask):
-        res = _try_cupy(cupy_hybrid_decode_attention, q, host_logits, host_values, k_gpu, v_gpu, scale, gpu_mask)
-        if res is not None:
-            return res
-    dispatch_counts["torch"] += 1
-    hl = host_logits if host_logits.dim() == 4 else host_logits[:, :, None, :]
-    Hkv = k_gpu.shape[1]
-    gpu_logits = _torch_impl._mask_logits(_torch_impl.attention_logits(q, k_gpu, scale), gpu_mask, Hkv)
-    return _torch_impl.softmax_over_parts([(hl.float(), host_values), (gpu_logits, v_gpu)], Hkv)
+    return _dispatch(cupy_hybrid_decode_attention, _torch_hybrid_decode_attention, k_gpu.dtype,
+                     (q, host_logits, host_values, k_gpu, v_gpu, gpu_mask),
+                     q, host_logits, host_values, k_gpu, v_gpu, scale, gpu_mask)
 
 
 def backend(*tensors: Tensor) -> str:

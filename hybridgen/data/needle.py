@@ -16,7 +16,7 @@ Choices where the original test (gkamradt's needle-in-a-haystack) differs or is 
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, List, Sequence
 
 CITIES = ["Chicago", "Yangon", "Antananarivo", "Colombo", "Almaty", "Sydney", "Mexico City", "Seattle",
           "Lagos", "Amsterdam", "Belgrade", "Cairo", "Baghdad", "Damascus", "Kigali", "Dakar", "Sofia",

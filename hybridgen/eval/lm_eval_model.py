@@ -36,7 +36,7 @@ accumulated over tokens; read it from :attr:`HybridGenLM.fidelity_summary`.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F

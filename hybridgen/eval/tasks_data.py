@@ -85,9 +85,26 @@ _TASK_DATA = {"hg_needle": ("essays", lambda: sub("essays")),
               "hg_ppl_pg_text": ("ppl", lambda: sub("jsonl") / "ppl_pg-text.jsonl")}
 
 
+def local_tasks() -> List[str]:
+    """Names of the local tasks and groups (``hg_*``) defined by the YAMLs in :func:`tasks_dir`."""
+    names = []
+    for path in sorted(TASKS_DIR.glob("*.yaml")):
+        for line in path.read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key in ("task", "group") and val.strip():
+                names.append(val.strip())
+    return names
+
+
 def check_tasks(tasks: Sequence[str]) -> None:
-    """Raise MissingDataError (one line naming `make data`) if a local task's data is not prepared."""
+    """Raise ConfigError for an unknown local (``hg_*``) task and MissingDataError (one line
+    naming `make data`) if a local task's data is not prepared. Other names go to lm-eval."""
+    from hybridgen.errors import unknown_name
+
+    local = local_tasks()
     for t in tasks:
+        if t.startswith("hg_") and t not in local:
+            raise unknown_name("local task", t, local)
         if t.startswith("hg_bigbench_"):
             path = sub("jsonl") / f"bigbench_{t[len('hg_bigbench_'):]}.jsonl"
             if not path.exists():

@@ -7,7 +7,7 @@
     result = engine.generate(ids, "full", max_new_tokens=16, attention_mask=mask)
 """
 from hybridgen.model.engine import AttnWeights, Engine, GenerationResult
-from hybridgen.model.loading import load_model, parse_dtype
+from hybridgen.model.loading import load_model, model_spec, parse_dtype
 from hybridgen.model.spec import ModelSpec, list_models
 
-__all__ = ["AttnWeights", "Engine", "GenerationResult", "ModelSpec", "list_models", "load_model", "parse_dtype"]
+__all__ = ["AttnWeights", "Engine", "GenerationResult", "ModelSpec", "list_models", "load_model", "model_spec", "parse_dtype"]

@@ -80,6 +80,12 @@ def _load_tokenizer(path: Optional[Path]):
     return tok
 
 
+def model_spec(name_or_path: Union[str, Path]) -> ModelSpec:
+    """The architecture of a shipped name or an HF checkpoint directory, without touching weights."""
+    name, cfg, _, _ = _resolve(name_or_path, "dummy")
+    return ModelSpec.from_hf_config(cfg, name=name)
+
+
 def load_model(name_or_path: Union[str, Path], weights: str = "real",
                dtype: Union[str, torch.dtype] = torch.float32, device: Union[None, str, torch.device] = None,
                seed: int = 0, num_layers: Optional[int] = None, tokenizer: bool = True) -> Engine:
