@@ -85,6 +85,7 @@ from hybridgen.attention.cpu_scan import (HostSelection, host_branch, resolve_ba
 from hybridgen.attention.partial import _mask_logits
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
+from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.mapping import parse_mapping
 from hybridgen.methods import Budget, KVMethod, MethodContext, register
 from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
@@ -260,11 +261,7 @@ class HybridGen(KVMethod):
         host = KVSegment(ctx.store[place.key_tier], B, H, D, k.dtype, f"layer{layer}/host",
                          capacity=max(ctx.max_len - gpu_tokens, 1), value_tier=ctx.store[place.value_tier],
                          with_mask=with_mask)
-        m = (lambda a, b: None if valid is None else valid[:, a:b])
-        gpu.append(k[:, :, :s], v[:, :, :s], m(0, s))
-        gpu.append(k[:, :, host_end:], v[:, :, host_end:], m(host_end, T))
-        host.append(k[:, :, s:host_end], v[:, :, s:host_end], m(s, host_end))
-        self.count("bytes_d2h", (host_end - s) * B * H * D * k.element_size() * 2)
+        self.count("bytes_d2h", split_prompt(gpu, host, k, v, valid, s, host_end))
         self.gpu[layer], self.host[layer] = gpu, host
         self.window[layer] = w
         if self.scheduler is None:

@@ -34,6 +34,7 @@ from hybridgen.attention.cuda_kernels import partial_attention  # CuPy on CUDA, 
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
+from hybridgen.kv.segment import split_prompt
 from hybridgen.methods import Budget, KVMethod, MethodContext, register
 
 
@@ -84,11 +85,7 @@ class HybridExact(KVMethod):
         host = KVSegment(ctx.store[self.key_tier], B, H, D, k.dtype, f"layer{layer}/host",
                          capacity=max_len - gpu_cap, value_tier=ctx.store[self.value_tier],
                          with_mask=with_mask)
-        m = (lambda a, b: None if valid is None else valid[:, a:b])
-        gpu.append(k[:, :, :s], v[:, :, :s], m(0, s))
-        gpu.append(k[:, :, host_end:], v[:, :, host_end:], m(host_end, T))
-        host.append(k[:, :, s:host_end], v[:, :, s:host_end], m(s, host_end))
-        self.count("bytes_d2h", (host_end - s) * B * H * D * k.element_size() * 2)
+        self.count("bytes_d2h", split_prompt(gpu, host, k, v, valid, s, host_end))
         self.gpu[layer], self.host[layer] = gpu, host
         self.n_sinks[layer] = s
         self.window[layer] = deque(range(s, s + w))

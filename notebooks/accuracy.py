@@ -55,7 +55,7 @@ if acc is not None:
             if "ppl" in task:
                 continue
             table[f"Δ{task}"] = table[task] - ref
-    table = table.sort_values("method").reset_index(drop=True)
+    table = table.sort_values("method", key=lambda m: m.map(lambda x: (x != "full", x))).reset_index(drop=True)
     print(table.to_string())
     md = plotdata.results_dir() / "accuracy" / "table.md"
     limit = acc["lm_eval.limit"].iloc[0] if "lm_eval.limit" in acc else None

@@ -34,8 +34,8 @@ if cells:
     names = sorted(cells, key=lambda n: (n != "full", n))
     ncol = min(3, len(names))
     nrow = (len(names) + ncol - 1) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
-    for ax, name in zip(axes.flat, names):
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.4 * nrow), squeeze=False, layout="constrained")
+    for i, (ax, name) in enumerate(zip(axes.flat, names)):
         c = cells[name]
         lengths = sorted({x["length"] for x in c})
         depths = sorted({x["depth"] for x in c})
@@ -48,9 +48,11 @@ if cells:
                     ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(lengths)), [f"{l // 1024}K" if l % 1024 == 0 else str(l) for l in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
-        ax.set_xlabel("context length")
-        ax.set_ylabel("needle depth")
-        ax.set_title(f"{name}: {np.nanmean(grid):.2f}")
+        if i >= len(names) - ncol:  # the lowest panel of each column
+            ax.set_xlabel("context length")
+        if i % ncol == 0:
+            ax.set_ylabel("needle depth")
+        ax.set_title(f"{name}: {np.nanmean(grid):.2f}", fontsize=10)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     fig.colorbar(im, ax=axes, shrink=0.6, label="exact match")

@@ -1,11 +1,12 @@
-"""`python -m hybridgen.eval.lm_eval_cli <lm-eval arguments>`: lm-eval with the `hybridgen` model.
+"""`hybridgen-lm-eval <lm-eval arguments>` (or `python -m hybridgen.eval.lm_eval_cli`): lm-eval
+with the `hybridgen` model.
 
 lm-eval 0.4.13 finds models only in its own registry (no entry-point discovery), so this
 wrapper registers ours first and adds hybridgen's local task directory to ``--include_path``;
 everything else is lm-eval's own command line, e.g.
 
-    python -m hybridgen.eval.lm_eval_cli --model hybridgen \\
-        --model_args model=smollm2-135m,method=h2o,heavy_budget=0.1,recent_budget=0.1 \\
+    hybridgen-lm-eval --model hybridgen \\
+        --model_args model=smollm2-135m,method=h2o,budget=0.2 \\
         --tasks hg_bigbench_social_iqa,hg_needle --limit 50
 
 A missing dataset (or any other user error) prints one line naming the fix and exits 2.

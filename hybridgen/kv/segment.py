@@ -162,3 +162,20 @@ class KVSegment:
                 self._mask[:, :, :rest].copy_(self._mask[:, :, n:self.length].clone())
         self.length = rest
         return k, v, m
+
+
+def split_prompt(gpu: KVSegment, host: KVSegment, k: Tensor, v: Tensor, valid: Optional[Tensor], sinks: int,
+                 host_end: int) -> int:
+    """Place a prompt's KV (k, v: [B, Hkv, T, D]; valid: [B, T] bool or None) across two segments:
+    tokens [0, sinks) and [host_end, T) to ``gpu`` (sinks, then the recent window), tokens
+    [sinks, host_end) to ``host``. Returns the bytes written to ``host`` (K and V)."""
+    T = k.shape[2]
+
+    def m(a: int, b: int) -> Optional[Tensor]:
+        return None if valid is None else valid[:, a:b]
+
+    gpu.append(k[:, :, :sinks], v[:, :, :sinks], m(0, sinks))
+    gpu.append(k[:, :, host_end:], v[:, :, host_end:], m(host_end, T))
+    host.append(k[:, :, sinks:host_end], v[:, :, sinks:host_end], m(sinks, host_end))
+    B, H, _, D = k.shape
+    return 2 * (host_end - sinks) * B * H * D * k.element_size()
