@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from hybridgen.errors import cli_errors
+from hybridgen.eval.environment import cpu_model
 from hybridgen.timing import median_time
 
 SHAPE = {"batch": 8, "heads": 32, "kv_heads": 8, "head_dim": 128}
@@ -223,16 +224,6 @@ def measure_gpu(cfg: ProfileConfig) -> Optional[Dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ host facts
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _mem_gb() -> Optional[float]:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -258,14 +249,14 @@ def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
                  "d2h_pageable_gbps": None, "latency_us": None}
     profile = {
         "name": name,
-        "description": f"Measured profile of {platform.node() or 'this machine'} ({_cpu_model()}); "
+        "description": f"Measured profile of {platform.node() or 'this machine'} ({cpu_model()}); "
                        + ("GPU: " + gpu["gpu"]["name"] if gpu else "no CUDA device: GPU and link not measured"),
         "measured": True,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "gpu": gpu["gpu"] if gpu else null_gpu,
         "link": dict(null_link, **gpu["link"], name="host<->GPU link (measured)") if gpu else null_link,
         "host": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cores": os.cpu_count(),
             "dram_gb": _mem_gb(),
             "dram_read_gbps": dram_nodes[0]["read_gbps"] if dram_nodes else None,

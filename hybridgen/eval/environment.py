@@ -36,7 +36,8 @@ def git_state() -> Dict[str, Any]:
     return {"commit": commit, "dirty": dirty if commit else None}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo, else platform)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -60,7 +61,7 @@ def environment() -> Dict[str, Any]:
         "packages": {p: _version(p) for p in PACKAGES},
         "hybridgen": _version("hybridgen"),
         "git": git_state(),
-        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count(),
+        "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count(),
                 "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
                 "torch_threads": torch.get_num_threads()},
         "cuda": {"available": cuda,
