@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 # made 2-thread decode steps ~15x slower (measured on the 2-core dev machine)
 export OMP_WAIT_POLICY := passive
 
-.PHONY: venv run test test-all bench clean-venv data quickstart figures
+.PHONY: venv run test test-all bench clean-venv data quickstart results figures
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,11 +26,12 @@ venv: $(VENV)/.installed
 run: venv
 	$(PY) experiments/run.py +exp=quickstart results_dir=outputs
 
+# the suite runs on every core (pytest-xdist): ~4.5 min on the 2-core CI machine
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 test-all: venv
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PY) -m pytest -q -n auto -m "slow or not slow"
 
 bench: venv
 	$(PY) benchmarks/bench_foundation.py
@@ -45,11 +46,17 @@ data: venv
 
 # The real SmolLM2, full vs hybrid-exact vs hybridgen side by side, with fidelity to full.
 quickstart: venv
-	$(PY) experiments/run.py +exp=quickstart
+	$(PY) experiments/run.py +exp=quickstart results_dir=results
+
+# Any experiment into the committed results/ (ad-hoc runs default to outputs/):
+#   make results EXP=speedup [ARGS="model=qwen2.5-0.5b ..."]
+results: venv
+	@test -n "$(EXP)" || { echo "error: name the experiment: make results EXP=<name> (conf/exp/)"; exit 2; }
+	$(PY) experiments/run.py +exp=$(EXP) results_dir=results $(ARGS)
 
 # Aggregate every experiment and execute the figure notebooks headless -> results/figures/*.png
 figures: venv
-	$(PY) experiments/aggregate.py --all
+	$(PY) experiments/aggregate.py --all --results-dir results
 	mkdir -p build/notebooks
 	set -e; for nb in notebooks/*.py; do \
 	  out=build/notebooks/$$(basename $$nb .py).ipynb; \

@@ -9,9 +9,9 @@ computed on the CPU instead, so only the query and the output cross PCIe. Its co
 cache stores the KV in 4 bits, group-wise (group 64) with per-group min and scale.
 
 What we implement (only the KV cache is placed; weights stay on the compute device):
-- ``gpu_percent`` / ``cpu_percent`` (a :class:`FlexGenPolicy`) of the KV live on the gpu
-  tier / on ``host_tier``; at each decode step the host part of layer l is copied into a
-  preallocated, double-buffered gpu-tier staging buffer (see :mod:`baselines.prefetch`),
+- ``gpu_budget`` (FlexGen's cache_gpu_percent / 100) of the KV lives on the gpu tier, the
+  rest (its cache_cpu_percent) on ``host_tier``; at each decode step the host part of layer l is copied into a
+  preallocated, double-buffered gpu-tier staging buffer (see :mod:`hybridgen.kv.transfer`),
   started at ``on_layer_input(l - 1)`` so it overlaps layer l - 1; dense attention over the
   GPU part, the staged host part and the new token, merged exactly by log-sum-exp.
 - ``attention_on="cpu"``: the host part's attention runs on the CPU attention pool next to
@@ -22,7 +22,7 @@ What we implement (only the KV cache is placed; weights stay on the compute devi
 
 Choices where the paper is silent or which differ from it:
 - the GPU/host split is by token (positions [0, n_gpu) of prompt + generated tokens, with
-  n_gpu = round(gpu_percent% x max length)), not along batch x heads as FlexGen's mixed
+  n_gpu = gpu_budget.resolve(max length), rounded up), not along batch x heads as FlexGen's mixed
   device does: the same bytes, and it composes with append-only decoding; new tokens fill
   the GPU share first, then go to the host;
 - the default policy is FlexGen's for long contexts: 0% GPU, 100% CPU; there is no disk tier;
@@ -32,6 +32,8 @@ Choices where the paper is silent or which differ from it:
 - on CUDA a partially filled host buffer is copied row by row (one async copy per batch x
   head), because a strided source would go through a pageable temporary;
 - ``attention_on="cpu"`` with ``compress_kv`` dequantizes on the CPU into a transient buffer;
+  the query goes down through :class:`hybridgen.kv.transfer.DeviceToHost` (pinned buffer +
+  event) and the pool's worker waits on the event before reading it;
 - the new token is attended at full precision on the compute device, where it is computed
   (also with ``attention_on="cpu"``: its one-row partial is merged with the host partial);
   it is written to the host (quantized when compressing) after the step's attention;
@@ -42,72 +44,42 @@ Choices where the paper is silent or which differ from it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import ClassVar, List, Literal, Optional
 
 import torch
 from torch import Tensor
 
 from baselines import quant
 from baselines.common import BaselineMethod, needs_mask
-from baselines.prefetch import Prefetcher
 from hybridgen.attention import merge_partials
-from hybridgen.attention.cuda_kernels import partial_attention  # CuPy on CUDA, torch otherwise
+from hybridgen.attention.cuda import partial_attention  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
-from hybridgen.errors import ConfigError
-from hybridgen.methods import MethodContext, register
+from hybridgen.kv.transfer import DeviceToHost, HostToDevice, after_copy
+from hybridgen.methods import Budget, MethodContext, PositiveInt
 
 
-@dataclass(frozen=True)
-class FlexGenPolicy:
-    """Where the KV cache lives, in percent (FlexGen's cache_gpu_percent / cache_cpu_percent).
-
-    Both in [0, 100] and summing to 100 (we have no disk tier).
-    """
-
-    gpu_percent: float = 0.0
-    cpu_percent: float = 100.0
-
-    def __post_init__(self):
-        for name in ("gpu_percent", "cpu_percent"):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or not (0.0 <= float(val) <= 100.0):
-                raise ConfigError(f"flexgen: {name} must be a number in [0, 100], got {val!r}")
-        if abs(self.gpu_percent + self.cpu_percent - 100.0) > 1e-6:
-            raise ConfigError(f"flexgen: gpu_percent + cpu_percent must be 100, got "
-                              f"{self.gpu_percent} + {self.cpu_percent}; set cpu_percent = 100 - gpu_percent")
-
-    def gpu_tokens(self, total: int) -> int:
-        """Tokens of a ``total``-token cache placed on the GPU."""
-        return int(round(total * self.gpu_percent / 100.0))
-
-
-@register("flexgen")
 @dataclass
 class FlexGen(BaselineMethod):
     """KV offloaded to host memory, streamed to the GPU one layer ahead (or attended on CPU).
 
-    gpu_percent / cpu_percent: KV placement policy (validated, see FlexGenPolicy).
+    gpu_budget: share of prompt + generated tokens whose KV lives on the gpu tier (FlexGen's
+        cache_gpu_percent = 100 x gpu_budget; the rest, its cache_cpu_percent, on host_tier).
     host_tier: 'dram' or 'cxl'. attention_on: 'gpu' (stream KV) or 'cpu' (compute on host).
     compress_kv: 4-bit group-wise host KV (group_size elements per group).
     prefetch: start layer l+1's copy during layer l (False: copy on use).
     async_copy: use a CUDA stream when CUDA is there (False: the plain-copy fallback).
     """
 
-    gpu_percent: float = 0.0
-    cpu_percent: float = 100.0
-    host_tier: str = "dram"
-    attention_on: str = "gpu"
+    name: ClassVar[str] = "flexgen"
+    gpu_budget: Budget = Budget(ratio=0.0)
+    host_tier: Literal["dram", "cxl"] = "dram"
+    attention_on: Literal["gpu", "cpu"] = "gpu"
     compress_kv: bool = False
-    group_size: int = 64
+    group_size: PositiveInt = 64
     prefetch: bool = True
     async_copy: bool = True
 
-    def __post_init__(self):
-        self.policy = FlexGenPolicy(self.gpu_percent, self.cpu_percent)
-        if self.attention_on not in ("gpu", "cpu"):
-            raise ConfigError(f"flexgen: attention_on must be 'gpu' or 'cpu', got {self.attention_on!r}")
-        if self.host_tier not in ("dram", "cxl"):
-            raise ConfigError(f"flexgen: host_tier must be 'dram' or 'cxl', got {self.host_tier!r}")
+    def check(self) -> None:
         if self.compress_kv:
             quant.check_group(self.group_size)
 
@@ -115,15 +87,16 @@ class FlexGen(BaselineMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         L = ctx.num_layers
-        self.n_gpu = self.policy.gpu_tokens(ctx.max_len)
+        self.n_gpu = self.gpu_budget.resolve(ctx.max_len)
         self.host_cap = ctx.max_len - self.n_gpu
         self.gpu: List[Optional[object]] = [None] * L
         self.host: List[Optional[object]] = [None] * L  # KVSegment, or (codes, meta) segments
         self.stage: Optional[list] = None  # two staging slots, allocated at the first prefill
         self.deq = None
-        self.prefetcher = Prefetcher(ctx.compute_device, force_sync=not self.async_copy)
+        self.prefetcher = HostToDevice(ctx.compute_device, force_sync=not self.async_copy)
         self.staged_len = [0] * L
         self.pool = (ctx.pool or default_pool()) if self.attention_on == "cpu" else None
+        self.q_down = DeviceToHost(ctx.compute_device)  # CPU attention: q -> pinned host buffer + event
         self.with_mask = False
 
     def _alloc_stage(self) -> None:
@@ -273,9 +246,9 @@ class FlexGen(BaselineMethod):
             fut = None
             if self._host_len(layer) > 0:
                 hk, hv, hm = self._host_kv_cpu(layer)
-                q_host = q.to(hk.device, non_blocking=True)
+                q_host, q_ready = self.q_down.send(layer, q)  # the worker waits on q_ready first
                 self.count("bytes_d2h", self.kv_bytes(q))
-                fut = self.pool.submit(partial_attention, q_host, hk, hv, scale, hm)
+                fut = self.pool.submit(after_copy, q_ready, partial_attention, q_host, hk, hv, scale, hm)
             if gpu is not None and gpu.length:
                 parts.append(partial_attention(q, gpu.k, gpu.v, scale, gpu.mask))
             if not new_on_gpu:
@@ -294,3 +267,13 @@ class FlexGen(BaselineMethod):
             self.prefetcher.drain()
         super().release()
         self.gpu, self.host, self.stage, self.deq = [], [], None, None
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: streamed (4-bit when compress_kv) or CPU attention over the host part."""
+        from hybridgen.perf.costs import cpu_attention_split_cost, flexgen_stream_cost
+
+        if self.compress_kv:
+            return flexgen_stream_cost(c, self.gpu_budget, int4_group=self.group_size, mapping=self.host_tier)
+        if self.attention_on == "cpu":
+            return cpu_attention_split_cost(c, self.gpu_budget, merge=True, mapping=self.host_tier)
+        return flexgen_stream_cost(c, self.gpu_budget, mapping=self.host_tier)

@@ -28,16 +28,15 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import ClassVar, List, Optional
 
 import torch
 from torch import Tensor
 
 from baselines.common import (BaselineMethod, TierBuffer, attend_with_new, causal_attention_colsum,
                               gather_mask, gather_tokens, group_reduce, needs_mask)
-from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, MethodContext, register
+from hybridgen.methods import Budget, Fraction, KeptBudget, MethodContext, PositiveInt, Tier
 
 
 def recent_count(budget_tokens: int, recent_fraction: float) -> int:
@@ -64,7 +63,6 @@ def h2o_prefill_selection(scores: Tensor, valid: Optional[Tensor], keep: int, re
     return torch.cat(parts, dim=-1).sort(dim=-1).values
 
 
-@register("h2o")
 @dataclass
 class H2O(BaselineMethod):
     """Heavy hitters + recent window, greedy per-head eviction each decode step.
@@ -74,15 +72,11 @@ class H2O(BaselineMethod):
     chunk for the score computation.
     """
 
-    budget: Budget = Budget(ratio=0.2)
-    recent_fraction: float = 0.5
-    tier: str = "gpu"
-    chunk: int = 256
-
-    def __post_init__(self):
-        self.budget = Budget.parse(self.budget)
-        if not (0.0 <= self.recent_fraction <= 1.0):
-            raise ConfigError(f"h2o: recent_fraction must be in [0, 1], got {self.recent_fraction}")
+    name: ClassVar[str] = "h2o"
+    budget: KeptBudget = Budget(ratio=0.2)
+    recent_fraction: Fraction = 0.5
+    tier: Tier = "gpu"
+    chunk: PositiveInt = 256
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
@@ -93,7 +87,7 @@ class H2O(BaselineMethod):
         self.T = 0
 
     def _capacity(self) -> int:
-        return max(1, self.budget.resolve(self.ctx.max_len))
+        return self.budget.resolve(self.ctx.max_len)
 
     def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
         ctx = self.ctx
@@ -156,3 +150,9 @@ class H2O(BaselineMethod):
         seg.v.scatter_(2, idx, v.to(seg.v.dtype))
         if seg.mask is not None:
             seg.mask.scatter_(2, slot[..., None], True)
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: attention over the kept tokens plus the score update."""
+        from hybridgen.perf.costs import h2o_cost
+
+        return h2o_cost(c, c.fraction(self.budget))

@@ -18,7 +18,8 @@ Choices where the paper is silent or which we adapt:
   The dot products are unchanged either way (A orthogonal);
 - the partial columns per KV head are the r = round(ratio x D) columns with the largest
   (Σ_t |q̃_tc|) x (Σ_t |k̃_tc|) over the prompt; the partial query is the full stand-in query
-  (``engine.stand_in_query(l + 1, hidden_l)``) projected on those r skewed columns;
+  (``engine.stand_in_query(l + 1, hidden_l, positions)``, :mod:`hybridgen.speculation`) projected
+  on those r skewed columns;
 - GQA: a token's speculative score for a KV head is the MAX over the group's query heads
   (one fetch per KV head serves the group; alpha keeps its logit units);
 - the number fetched is the mean over batch and KV heads of the per-head count of tokens
@@ -38,16 +39,16 @@ Choices where the paper is silent or which we adapt:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Annotated, ClassVar, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from baselines.common import BaselineMethod, TierBuffer, attend_with_new, needs_mask
-from baselines.prefetch import Prefetcher
-from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, MethodContext, register
+from hybridgen.kv.transfer import HostToDevice
+from hybridgen.speculation import DecodePositions, next_layer, stand_in_query
+from hybridgen.methods import Budget, KeptBudget, MethodContext, Range
 
 
 def skew_matrices(q: Tensor, num_kv_heads: int, valid: Optional[Tensor] = None) -> Tensor:
@@ -86,7 +87,6 @@ def fetch_count(score: Tensor, alpha: float, cap: int) -> int:
     return int(min(cap, max(1, round(float(count.mean())))))
 
 
-@register("infinigen")
 @dataclass
 class InfiniGen(BaselineMethod):
     """Speculative top-KV prefetch from host memory with SVD-skewed partial Q/K.
@@ -97,21 +97,13 @@ class InfiniGen(BaselineMethod):
     layer l+1's tokens (needs the engine). async_copy: CUDA stream when available.
     """
 
-    budget: Budget = Budget(ratio=0.2)
-    alpha: float = 4.0
-    partial_weight_ratio: float = 0.2
-    host_tier: str = "dram"
+    name: ClassVar[str] = "infinigen"
+    budget: KeptBudget = Budget(ratio=0.2)
+    alpha: Annotated[float, Range(lo=0.0)] = 4.0
+    partial_weight_ratio: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 0.2
+    host_tier: Literal["dram", "cxl"] = "dram"
     speculate: bool = True
     async_copy: bool = True
-
-    def __post_init__(self):
-        self.budget = Budget.parse(self.budget)
-        if not (0.0 < self.partial_weight_ratio <= 1.0):
-            raise ConfigError(f"infinigen: partial_weight_ratio must be in (0, 1], got {self.partial_weight_ratio}")
-        if not (self.alpha >= 0):
-            raise ConfigError(f"infinigen: alpha must be >= 0, got {self.alpha}")
-        if self.host_tier not in ("dram", "cxl"):
-            raise ConfigError(f"infinigen: host_tier must be 'dram' or 'cxl', got {self.host_tier!r}")
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
@@ -123,9 +115,10 @@ class InfiniGen(BaselineMethod):
         self.plen = [0] * L
         self.slots: Optional[list] = None
         self.fetched: List[Optional[Tuple[int, int]]] = [None] * L  # (slot, n) ready for decode
-        self.prefetcher = Prefetcher(ctx.compute_device, force_sync=not self.async_copy)
+        self.prefetcher = HostToDevice(ctx.compute_device, force_sync=not self.async_copy)
         self.with_mask = False
         self.last_fetch = [0] * L
+        self.positions = DecodePositions()
 
     def _alloc_slots(self) -> None:
         ctx = self.ctx
@@ -148,6 +141,7 @@ class InfiniGen(BaselineMethod):
         B, H, T, D = k.shape
         if layer == 0:
             self.with_mask = needs_mask(valid)
+            self.positions.start(valid, B, T, k.device)
         A = skew_matrices(q, H, valid)
         cols = partial_columns(q, k, A, self.r, valid)  # [Hkv, r]
         pw = self.buffer("gpu", f"layer{layer}/partial_weight", (H, D, self.r), A.dtype)
@@ -213,13 +207,16 @@ class InfiniGen(BaselineMethod):
         self.last_fetch[layer] = n
 
     def on_layer_input(self, layer: int, hidden: Tensor) -> None:
-        nxt = layer + 1
-        eng = self.ctx.engine
-        if not self.speculate or eng is None or nxt >= self.ctx.num_layers or self.host[nxt] is None:
+        nxt = next_layer(self.ctx, layer)
+        if not self.speculate or nxt is None or self.host[nxt] is None:
             return
-        q_spec = eng.stand_in_query(nxt, hidden, eng.current_positions)
+        q_spec = stand_in_query(self.ctx, nxt, hidden, self.positions.current())
         self._select_and_fetch(nxt, q_spec)
         self.count("speculated", 1)
+
+    def end_step(self) -> None:
+        super().end_step()
+        self.positions.advance()
 
     # ------------------------------------------------------------------ decode
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -249,3 +246,9 @@ class InfiniGen(BaselineMethod):
             self.prefetcher.drain()
         super().release()
         self.host, self.pkeys, self.pweights, self.slots = [], [], [], None
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: speculation on partial keys, fetch of the budget from the host."""
+        from hybridgen.perf.costs import infinigen_cost
+
+        return infinigen_cost(c, c.fraction(self.budget), self.partial_weight_ratio, mapping=self.host_tier)

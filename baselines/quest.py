@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import ClassVar, List, Optional
 
 import torch
 from torch import Tensor
 
 from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_reduce, needs_mask
 from hybridgen.attention import partial_attention
-from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, MethodContext, register
+from hybridgen.methods import Budget, KeptBudget, MethodContext, NonNegInt, PositiveInt, Tier
 
 
 def page_bounds(k: Tensor, valid: Optional[Tensor], page_size: int):
@@ -73,7 +72,6 @@ def upper_bound(q: Tensor, kmin: Tensor, kmax: Tensor) -> Tensor:
     return ub.reshape(B, Hq, P)
 
 
-@register("quest")
 @dataclass
 class Quest(BaselineMethod):
     """Top-K pages by key-bound upper bound, exact attention over them; full KV resident.
@@ -83,17 +81,11 @@ class Quest(BaselineMethod):
     tier: where KV and page metadata live ('gpu' as in Quest).
     """
 
-    budget: Budget = Budget(ratio=0.2)
-    page_size: int = 16
-    dense_layers: int = 2
-    tier: str = "gpu"
-
-    def __post_init__(self):
-        self.budget = Budget.parse(self.budget)
-        if self.page_size < 1:
-            raise ConfigError(f"quest: page_size must be >= 1, got {self.page_size}")
-        if self.dense_layers < 0:
-            raise ConfigError(f"quest: dense_layers must be >= 0, got {self.dense_layers}")
+    name: ClassVar[str] = "quest"
+    budget: KeptBudget = Budget(ratio=0.2)
+    page_size: PositiveInt = 16
+    dense_layers: NonNegInt = 2
+    tier: Tier = "gpu"
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
@@ -154,3 +146,9 @@ class Quest(BaselineMethod):
         tok = tok.clamp(max=total - 1)
         mask = in_range if kv.mask is None else in_range & gather_mask(kv.mask, tok)
         return partial_attention(q, gather_tokens(kv.k, tok), gather_tokens(kv.v, tok), scale, mask)[0]
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: page bounds over every page, attention over the selected pages."""
+        from hybridgen.perf.costs import quest_cost
+
+        return quest_cost(c, c.fraction(self.budget), self.page_size)

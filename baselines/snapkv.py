@@ -23,7 +23,7 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import ClassVar, List, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_r
 from hybridgen.attention import attention_logits, partial_attention
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, MethodContext, register
+from hybridgen.methods import Budget, KeptBudget, MethodContext, PositiveInt, Tier
 
 
 def snapkv_votes(q: Tensor, k: Tensor, scale: float, window: int, kernel: int, valid: Optional[Tensor],
@@ -80,7 +80,6 @@ def snapkv_selection(q: Tensor, k: Tensor, scale: float, keep: int, window: int,
     return torch.cat([top, win], dim=-1).sort(dim=-1).values
 
 
-@register("snapkv")
 @dataclass
 class SnapKV(BaselineMethod):
     """Observation-window voting at prefill; dense decoding over the kept + generated tokens.
@@ -89,20 +88,16 @@ class SnapKV(BaselineMethod):
     kernel: pooling kernel (7). pooling: 'max' (paper) or 'avg'. tier: where the cache lives.
     """
 
-    budget: Budget = Budget(ratio=0.2)
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "max"
-    tier: str = "gpu"
+    name: ClassVar[str] = "snapkv"
+    budget: KeptBudget = Budget(ratio=0.2)
+    window: PositiveInt = 32
+    kernel: PositiveInt = 7
+    pooling: Literal["max", "avg"] = "max"
+    tier: Tier = "gpu"
 
-    def __post_init__(self):
-        self.budget = Budget.parse(self.budget)
-        if self.window < 1:
-            raise ConfigError(f"snapkv: window must be >= 1, got {self.window}")
-        if self.kernel < 1 or self.kernel % 2 == 0:
-            raise ConfigError(f"snapkv: kernel must be an odd number >= 1, got {self.kernel}")
-        if self.pooling not in ("max", "avg"):
-            raise ConfigError(f"snapkv: pooling must be 'max' or 'avg', got {self.pooling!r}")
+    def check(self) -> None:
+        if self.kernel % 2 == 0:
+            raise ConfigError(f"method 'snapkv': parameter 'kernel' expects an odd integer >= 1, got {self.kernel}")
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
@@ -122,3 +117,9 @@ class SnapKV(BaselineMethod):
         seg.append(k, v)
         out, _ = partial_attention(q, seg.k, seg.v, self.ctx.scale, seg.mask)
         return out
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: attention over the tokens kept at prefill."""
+        from hybridgen.perf.costs import snapkv_cost
+
+        return snapkv_cost(c, c.fraction(self.budget))

@@ -30,16 +30,15 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import ClassVar, List, Optional
 
 import torch
 from torch import Tensor
 
 from baselines.common import BaselineMethod, TierBuffer, gather_mask, gather_tokens, needs_mask
 from hybridgen.attention import merge_partials, partial_attention
-from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, MethodContext, register
+from hybridgen.methods import Budget, KeptBudget, MethodContext, NonNegInt, Tier
 
 
 def streaming_selection(valid: Optional[Tensor], B: int, T: int, keep: int, sinks: int, device) -> tuple:
@@ -62,7 +61,6 @@ def streaming_selection(valid: Optional[Tensor], B: int, T: int, keep: int, sink
     return sink_idx, win_idx
 
 
-@register("streamingllm")
 @dataclass
 class StreamingLLM(BaselineMethod):
     """Attention sinks + recent window with in-cache position re-assignment.
@@ -72,15 +70,11 @@ class StreamingLLM(BaselineMethod):
     the cache (False: naive variant). tier: where the cache lives.
     """
 
-    budget: Budget = Budget(ratio=0.2)
-    sinks: int = 4
+    name: ClassVar[str] = "streamingllm"
+    budget: KeptBudget = Budget(ratio=0.2)
+    sinks: NonNegInt = 4
     shift_positions: bool = True
-    tier: str = "gpu"
-
-    def __post_init__(self):
-        self.budget = Budget.parse(self.budget)
-        if self.sinks < 0:
-            raise ConfigError(f"streamingllm: sinks must be >= 0, got {self.sinks}")
+    tier: Tier = "gpu"
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
@@ -161,3 +155,9 @@ class StreamingLLM(BaselineMethod):
         wp.t.scatter_(1, victim[:, None], t_new)
         self.count("evicted", B * H)
         return out
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: attention over the sinks and the recent window."""
+        from hybridgen.perf.costs import streamingllm_cost
+
+        return streamingllm_cost(c, c.fraction(self.budget), self.sinks)

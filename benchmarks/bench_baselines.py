@@ -1,6 +1,6 @@
 """Baselines benchmark (a script, not a test): every KV method on the real SmolLM2-135M.
 
-    NUMBA_THREADING_LAYER=workqueue .venv/bin/python benchmarks/bench_baselines.py \
+    .venv/bin/python benchmarks/bench_baselines.py \
         [--ctx 2048[,4096,...]] [--new-tokens 128] [--budget 0.2] [--batch 1] \
         [--methods full,flexgen,...] [--source pydoc] [--dtype float32] [--out results/baselines]
 
@@ -35,22 +35,21 @@ import time
 from pathlib import Path
 from typing import Dict
 
-os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hybridgen import runtime  # noqa: E402
+
 # Measured here (2 cores shared with other jobs): with libgomp's default active waiting, a
 # SmolLM2 decode step at 1K context took ~980 ms with 2 torch threads vs ~65 ms with
-# OMP_WAIT_POLICY=passive (or 1 thread). Passive waiting must be set before torch loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-for _v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-    os.environ.setdefault(_v, "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# OMP_WAIT_POLICY=passive (or 1 thread); runtime sets it before torch loads.
+runtime.apply_or_exit()
 
 import torch  # noqa: E402
 
 from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 from hybridgen.eval.fidelity import fidelity  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
-from hybridgen.methods import build_method  # noqa: E402
-from hybridgen.results import format_table  # noqa: E402
+from hybridgen.methods import available_methods, build_method, method_parameters  # noqa: E402
+from hybridgen.result_tables import format_table  # noqa: E402
 
 MiB = 2 ** 20
 
@@ -85,8 +84,12 @@ METHODS.update({
 
 
 def _make(name: str, budget: str):
+    """A preset of METHODS, or any registered method by its name (given --budget if it has a `budget`)."""
     if name not in METHODS:
-        raise ConfigError(f"unknown benchmark method {name!r}; choose from: {', '.join(METHODS)}")
+        if name not in available_methods():
+            raise ConfigError(f"unknown benchmark method {name!r}; choose a preset ({', '.join(METHODS)}) "
+                              f"or a registered method ({', '.join(available_methods())})")
+        return build_method(name, **({"budget": budget} if "budget" in method_parameters(name) else {}))
     reg, params = METHODS[name]
     params = {k: (budget if v == "{budget}" else v) for k, v in params.items()}
     return build_method(reg, **params)
@@ -151,7 +154,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="results/baselines")
     args = ap.parse_args(argv)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        runtime.apply(torch_threads=args.threads)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     for nm in names:
         _make(nm, args.budget)  # fail early on typos
@@ -165,7 +168,7 @@ def main(argv=None) -> None:
     engine.generate(torch.randint(3, 1000, (args.batch, 64)), "full", max_new_tokens=4)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "NUMBA_THREADING_LAYER=workqueue .venv/bin/python benchmarks/bench_baselines.py " + " ".join(
+    command = ".venv/bin/python benchmarks/bench_baselines.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     all_rows = []
     for ctx_len in [int(c) for c in str(args.ctx).split(",")]:

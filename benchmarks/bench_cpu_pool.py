@@ -28,10 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.multiprocessing as mp
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hybridgen import runtime  # noqa: E402
+
+runtime.apply_or_exit()  # thread/env settings before torch loads (docs/design.md, thread runtime)
+
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 from hybridgen.attention import partial_attention  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402

@@ -1,7 +1,7 @@
 """Foundation benchmark (a script, not a test): `full` vs `hybrid-exact` decode steps on SmolLM2,
 and the CPU attention pool's KV bandwidth against torch's CPU SDPA.
 
-    NUMBA_THREADING_LAYER=workqueue .venv/bin/python benchmarks/bench_foundation.py
+    .venv/bin/python benchmarks/bench_foundation.py
         [--ctx 2048] [--steps 4] [--host-shares 0,0.5,0.9,1] [--separate]
         [--pool-tokens 8192,32768] [--pool-batch 1,4] [--threads N]
 
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
-os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
-for _v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-    os.environ.setdefault(_v, "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hybridgen import runtime  # noqa: E402
+
+runtime.apply_or_exit()  # thread/env settings before torch loads (docs/design.md, thread runtime)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -50,7 +50,7 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.errors import cli_errors  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import Budget, KVMethod, MethodContext, build_method  # noqa: E402
-from hybridgen.results import format_table  # noqa: E402
+from hybridgen.result_tables import format_table  # noqa: E402
 from hybridgen.timing import median_interleaved  # noqa: E402
 
 
@@ -242,7 +242,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = ap.parse_args(argv)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        runtime.apply(torch_threads=args.threads)
     pool = CPUAttentionPool(workers=1)
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__} | {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads | "

@@ -12,11 +12,14 @@ with a CXL node, plus the H200 host whose measured table ``bench_gpu.py`` produc
    ``bench_gpu.py``; single layer, no cross-layer pipelining), with the ratios the issue
    targets; a what-if column gives hybridgen with a key scan at 80% of the host read
    bandwidth (the issue's scan target) instead of the profile's scan rate;
-2. end-to-end decode step and tokens/s of the 32-layer model at 90% host share for every
-   method the model knows (hybridgen with cross-layer pipelining), with GPU-fit flags.
+2. end-to-end decode step and tokens/s of the 32-layer model at 90% host share (gpu_budget
+   0.1 for every method that has one) for every registered method, FlexGen in its three
+   modes (hybridgen with cross-layer pipelining), with GPU-fit flags; a method without a
+   performance-model cost is listed as "not modelled".
 
 Nothing here is measured: every table and file is labelled PROJECTED. The model's formulas
-and the profiles' sources are in ``hybridgen/perfmodel.py`` and ``hybridgen/profiles``.
+and the profiles' sources are in ``hybridgen/perf/`` and ``hybridgen/profiles``; its measured
+error is in ``results/perfmodel/validation.md`` (``python -m hybridgen.perf.validate``).
 """
 from __future__ import annotations
 
@@ -25,29 +28,53 @@ import csv
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hybridgen import perfmodel as pm  # noqa: E402
+from hybridgen import perf as pm  # noqa: E402
+from hybridgen.methods import KVMethod, available_methods, build_method, method_parameters  # noqa: E402
 
 LAYER = pm.ModelShape(name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                       head_dim=128, intermediate_size=14336, vocab_size=128256)
 CONTEXTS = (8192, 16384, 32768, 65536)
 SHARES = (0.5, 0.75, 0.9, 0.95)
-TABLE_METHODS = (("full", "full"), ("hybrid-exact", "hybrid-exact"), ("hybridgen", "hybridgen"),
-                 ("flexgen-stream", "flexgen"), ("flexgen-cpu", "flexgen-cpu"))
+# (column label, registered method, parameters beyond the table's share)
+TABLE_METHODS = (("full", "full", {}), ("hybrid-exact", "hybrid-exact", {}), ("hybridgen", "hybridgen", {}),
+                 ("flexgen-stream", "flexgen", {}), ("flexgen-cpu", "flexgen", {"attention_on": "cpu"}))
+E2E_ORDER = ("full", "hybrid-exact", "hybridgen", "flexgen", "infinigen", "h2o", "snapkv", "streamingllm", "quest")
+MODES = {"flexgen": (("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}),
+                     ("flexgen-int4", {"compress_kv": True}))}
 TOPK = 0.05
 LABEL = "PROJECTED (performance model, not measured)"
 
 
 def scan_target_profile(prof: pm.HardwareProfile) -> pm.HardwareProfile:
-    """What-if: the key scan runs at 80% of the host read bandwidth."""
+    """What-if: the key scan runs at 80% of the host read bandwidth, pinned or not (the issue's
+    scan target; selection, copies and fixed costs as the profile says)."""
     rate = 0.8 * prof.host.dram_read_gbps
     scans = {k: rate for k in (prof.host.key_scan_gbps or {"bf16": rate})}
     return dataclasses.replace(prof, name=prof.name + " (scan at 80% of read)",
-                               host=dataclasses.replace(prof.host, key_scan_gbps=scans))
+                               host=dataclasses.replace(prof.host, key_scan_gbps=scans, key_scan_pinned_gbps=scans))
+
+
+def table_method(name: str, share: float, pipelined: bool, **params: Any) -> KVMethod:
+    """A registered method at the table's host share: gpu_budget = 1 - share when the method has
+    one, hybridgen at top-k TOPK with or without cross-layer pipelining."""
+    known = method_parameters(name)
+    if "gpu_budget" in known:
+        params["gpu_budget"] = round(1.0 - share, 6)
+    if name == "hybridgen":
+        params.update(topk_ratio=TOPK, pipeline=pipelined)
+    return build_method(name, **params)
+
+
+def e2e_methods() -> List[Tuple[str, str, Dict[str, Any]]]:
+    """(label, registered name, parameters) of every registered method, FlexGen in each mode."""
+    names = [n for n in E2E_ORDER if n in available_methods()]
+    names += [n for n in available_methods() if n not in names]
+    return [(label, n, p) for n in names for label, p in MODES.get(n, ((n, {}),))]
 
 
 def layer_rows(prof: pm.HardwareProfile) -> List[Dict]:
@@ -55,11 +82,13 @@ def layer_rows(prof: pm.HardwareProfile) -> List[Dict]:
     rows = []
     for ctx in CONTEXTS:
         for share in SHARES:
-            w = pm.Workload(batch=8, context=ctx, host_share=share, topk_ratio=TOPK, pipelined=False)
+            w = pm.Workload(batch=8, context=ctx)
             row = {"profile": prof.name, "context": ctx, "host_share": share, "projected": True}
-            for label, method in TABLE_METHODS:
+            for label, name, params in TABLE_METHODS:
+                method = table_method(name, share, pipelined=False, **params)
                 row[f"{label}_ms"] = pm.predict_step(method, LAYER, w, prof).attention_layer_s * 1e3
-            row["hybridgen_scan80_ms"] = pm.predict_step("hybridgen", LAYER, w, what_if).attention_layer_s * 1e3
+            hybridgen = table_method("hybridgen", share, pipelined=False)
+            row["hybridgen_scan80_ms"] = pm.predict_step(hybridgen, LAYER, w, what_if).attention_layer_s * 1e3
             row["hg_vs_stream"] = row["flexgen-stream_ms"] / row["hybridgen_ms"]
             row["hg_vs_cpu"] = row["flexgen-cpu_ms"] / row["hybridgen_ms"]
             row["hg_scan80_vs_stream"] = row["flexgen-stream_ms"] / row["hybridgen_scan80_ms"]
@@ -70,20 +99,25 @@ def layer_rows(prof: pm.HardwareProfile) -> List[Dict]:
 
 def e2e_rows(prof: pm.HardwareProfile, context: int = 32768, share: float = 0.9) -> List[Dict]:
     rows = []
-    w = pm.Workload(batch=8, context=context, host_share=share, topk_ratio=TOPK, pipelined=True)
-    for method in pm.METHODS:
-        if method == "flexgen":
-            continue  # same as flexgen-stream
-        p = pm.predict_step(method, LAYER, w, prof)
-        rows.append({"profile": prof.name, "method": method, "context": context, "host_share": share,
-                     "step_ms": p.total_s * 1e3, "tok_s": p.tokens_per_s(w.batch), "cpu_branch_ms": p.cpu_branch_s * 1e3,
-                     "gpu_branch_ms": p.gpu_branch_s * 1e3, "transfer_ms": p.transfer_s * 1e3, "fits_gpu": p.fits_gpu,
-                     "projected": True})
+    w = pm.Workload(batch=8, context=context)
+    for label, name, params in e2e_methods():
+        row: Dict[str, Any] = {"profile": prof.name, "method": label, "context": context, "host_share": share}
+        try:
+            p = pm.predict_step(table_method(name, share, pipelined=True, **params), LAYER, w, prof)
+        except pm.NotModelled:
+            row.update({k: None for k in ("step_ms", "tok_s", "cpu_branch_ms", "gpu_branch_ms", "transfer_ms",
+                                          "fits_gpu", "bound")}, projected=True, status="not modelled")
+        else:
+            busy = {"CPU": p.cpu_branch_s, "GPU": p.gpu_branch_s, "PCIe": p.transfer_s}
+            row.update(step_ms=p.total_s * 1e3, tok_s=p.tokens_per_s(w.batch), cpu_branch_ms=p.cpu_branch_s * 1e3,
+                       gpu_branch_ms=p.gpu_branch_s * 1e3, transfer_ms=p.transfer_s * 1e3, fits_gpu=p.fits_gpu,
+                       bound=max(busy, key=busy.get), projected=True, status="ok")
+        rows.append(row)
     return rows
 
 
 def layer_markdown(rows: List[Dict]) -> str:
-    cols = [label for label, _ in TABLE_METHODS]
+    cols = [label for label, _, _ in TABLE_METHODS]
     lines = ["| context | host | " + " | ".join(cols) + " | hybridgen, scan 80% (what-if) | HG vs stream | HG vs cpu "
              "| HG(80%) vs stream | HG(80%) vs cpu |", "|" + "---|" * (len(cols) + 7)]
     for r in rows:
@@ -95,11 +129,15 @@ def layer_markdown(rows: List[Dict]) -> str:
 
 
 def e2e_markdown(rows: List[Dict]) -> str:
-    lines = ["| method | step ms | tokens/s | CPU branch ms | GPU branch ms | PCIe ms | fits GPU |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| method | step ms | tokens/s | CPU branch ms | GPU branch ms | PCIe ms | busiest | fits GPU |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['method']} | {r['status']} | | | | | | |")
+            continue
         lines.append(f"| {r['method']} | {r['step_ms']:.2f} | {r['tok_s']:.1f} | {r['cpu_branch_ms']:.2f} | "
-                     f"{r['gpu_branch_ms']:.2f} | {r['transfer_ms']:.2f} | {'yes' if r['fits_gpu'] else 'NO'} |")
+                     f"{r['gpu_branch_ms']:.2f} | {r['transfer_ms']:.2f} | {r['bound']} | "
+                     f"{'yes' if r['fits_gpu'] else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -115,8 +153,11 @@ def profile_section(prof: pm.HardwareProfile, lrows: List[Dict], erows: List[Dic
            if prof.cxl else "no CXL node")
     facts = (f"GPU {prof.gpu.name}: {prof.gpu.hbm_gbps} GB/s HBM ({prof.gpu.attention_gbps} GB/s decode attention), "
              f"{prof.gpu.memory_gb} GB; link {prof.link.name}: {prof.link.h2d_pinned_gbps} GB/s pinned H2D; host: "
-             f"{prof.host.dram_read_gbps} GB/s read, key scan {prof.host.key_scan_gbps.get('bf16')} GB/s bf16, CPU "
-             f"attention {prof.host.cpu_attention_gbps.get('bf16')} GB/s bf16; {cxl}")
+             f"{prof.host.dram_read_gbps} GB/s read, key scan {prof.host.key_scan_gbps.get('bf16')} GB/s bf16 "
+             f"({prof.host.key_scan_pinned_gbps.get('bf16')} on pinned memory, where FlexGen and hybrid-exact keep host KV; hybridgen's host KV is pageable), CPU "
+             f"attention {prof.host.cpu_attention_gbps.get('bf16')} GB/s bf16, group score + top-k "
+             f"{prof.host.group_score_gbps} / {prof.host.topk_gbps} GB/s of fp32 scores, "
+             f"{prof.host.op_us} us per host op; GQA partials on the GPU {prof.gpu.gqa_attention_gbps} GB/s; {cxl}")
     return "\n".join([
         f"## {prof.name} — {LABEL}", "", prof.description, "", facts, "",
         "### Per-layer decode attention, ms (PROJECTED; Llama-3.1-8B layer, batch 8, bf16, top-k 5%, one layer, "
@@ -133,10 +174,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sections = [f"# {LABEL}", "",
-                "Every number below comes from `hybridgen/perfmodel.py` applied to the hardware profiles in "
+                "Every number below comes from `hybridgen/perf/` applied to the hardware profiles in "
                 "`hybridgen/profiles` (datasheet figures and H200-host measurements, each cited in the profile's "
                 "`sources`). They are projections, not measurements. Regenerate with "
-                "`python benchmarks/projected_table.py`.", ""]
+                "`python benchmarks/projected_table.py`. The model's error against measurements (H200-host probe "
+                "files and this machine) is in `results/perfmodel/validation.md`.", ""]
     for name in args.profiles.split(","):
         prof = pm.load_profile(name)
         lrows, erows = layer_rows(prof), e2e_rows(prof)

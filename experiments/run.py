@@ -9,12 +9,14 @@ Plain run: the experiment's sweep (``hydra.sweeper.params`` in conf/exp/NAME.yam
 Either way every point is composed and validated first: a misspelt key, an unknown method or
 parameter, a bad value -> one line on stderr, exit status 2. Finished runs are skipped
 (``force=true`` replaces them), so re-running an interrupted sweep completes only what is
-missing. Results: results/<exp>/<run-name>/ (see hybridgen/results.py);
-``python experiments/aggregate.py <exp>`` collects them into one table.
+missing. Results: outputs/<exp>/<run-name>/ by default (results_dir=...; see hybridgen/results.py);
+``python experiments/aggregate.py <exp>`` collects them into one table. An unwritable results_dir
+is refused before anything runs. A point that fails at run time (a capacity, a damaged model, NaN
+logits) prints one line and the others still run (the table shows it as failed, exit status 2);
+``fail_fast=true`` stops at the first failure.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -22,10 +24,9 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # run as a script: make `experiments` and `hybridgen` importable
     sys.path.insert(0, str(_ROOT))
 
-for _k, _v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"),
-               ("NUMBA_THREADING_LAYER", "workqueue"), ("OMP_WAIT_POLICY", "passive"),
-               ("TOKENIZERS_PARALLELISM", "false")):
-    os.environ.setdefault(_k, _v)
+from hybridgen import runtime  # noqa: E402
+
+runtime.apply_or_exit()  # thread/env settings before torch loads (docs/design.md, thread runtime)
 
 import torch  # noqa: E402  (before anything that may import numba: docs/design.md)
 
@@ -99,15 +100,22 @@ def hydra_job(cfg: DictConfig) -> None:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from experiments.sweep import method_param_overrides
+
+    argv = method_param_overrides(list(sys.argv[1:] if argv is None else argv))
+    sys.argv[1:] = argv  # Hydra's own parse (passthrough, -m) sees the same overrides
     overrides, multirun, passthrough = _split_argv(argv)
     if passthrough:
         hydra_job()
         return 0
     from experiments import runner, sweep
 
+    from hybridgen.results import check_writable
+
     try:
         points = sweep.resolve_points(overrides)
+        for results_root in sorted({str(cfg.results_dir) for _, cfg in points}):
+            check_writable(results_root)  # before any measurement, not after
     except HybridGenError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -127,6 +135,12 @@ def main(argv=None) -> int:
             outcomes.append(runner.run_point(cfg, session, pt))
         except HybridGenError as err:
             print(f"error: {err}", file=sys.stderr)
+            if len(points) == 1 or cfg.fail_fast:  # fail_fast=true: stop at the first failing point
+                return 2
+            outcomes.append(runner.Outcome(_point_name(runner, cfg), "failed", {"method": cfg.method.name}, str(err)))
+            continue
+        if outcomes[-1].status == "failed" and cfg.fail_fast:
+            runner.print_table(outcomes)
             return 2
     print()
     runner.print_table(outcomes)
@@ -136,6 +150,14 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() and points[0][1].exp.kind == "generate":
         print("no CUDA here: the gpu tier is emulated on the CPU (timings show CPU cost, not GPU speed)")
     return 2 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def _point_name(runner, cfg) -> str:
+    """The run name of a failed point (its config text when even naming failed)."""
+    try:
+        return runner.name_of(cfg)
+    except Exception:  # noqa: BLE001 - naming is what failed: fall back to the method
+        return f"{cfg.exp.name}/{cfg.method.name}"
 
 
 def _print_samples(results_dir, exp, outcomes, width: int = 100) -> None:

@@ -21,6 +21,8 @@ metrics.json of a generation run (all sizes in bytes, times in seconds unless na
 """
 from __future__ import annotations
 
+import functools
+import json
 import sys
 import time
 import traceback
@@ -32,7 +34,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybridgen.errors import HybridGenError
-from hybridgen.results import CONFIG, ResultsStore, format_table, run_name, write_json
+from hybridgen.result_tables import format_table
+from hybridgen.results import CONFIG, ResultsStore, hardware_part, run_name, write_json
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -43,17 +46,28 @@ def method_params(cfg: DictConfig) -> Dict[str, Any]:
 
 
 def build(cfg: DictConfig):
+    """The point's method instance, built once per point (naming, running and projecting share it;
+    ``bind`` resets its state for each generation)."""
+    return _build(cfg.method.name, json.dumps(method_params(cfg), sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=1)
+def _build(name: str, params_json: str):
     from hybridgen.methods import build_method
 
-    return build_method(cfg.method.name, **method_params(cfg))
+    return build_method(name, **json.loads(params_json))
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults(name: str) -> Dict[str, Any]:
+    from hybridgen.methods import build_method
+
+    return build_method(name).config()
 
 
 def key_params(cfg: DictConfig) -> Dict[str, Any]:
     """Parameters shown in the run name: those differing from the method's defaults, and budgets."""
-    from hybridgen.methods import build_method
-
-    full = build(cfg).config()
-    defaults = build_method(cfg.method.name).config()
+    full, defaults = build(cfg).config(), _defaults(cfg.method.name)
     return {k: v for k, v in full.items() if v != defaults.get(k) or k == "budget" or k.endswith("_budget")}
 
 
@@ -63,7 +77,8 @@ def identity(cfg: DictConfig) -> Dict[str, Any]:
     hw = {k: v for k, v in c["hardware"].items() if k not in ("description",)}
     ident = {"model": c["model"], "method": {"name": cfg.method.name, "params": build(cfg).config()},
              "hardware": hw, "seed": c["seed"],
-             "exp": {k: c["exp"][k] for k in ("kind", "fidelity", "reference", "repeats", "warmup")}}
+             "exp": {k: c["exp"][k] for k in ("kind", "fidelity", "reference", "repeats", "warmup")},
+             "realized": realized(cfg)}
     if cfg.exp.kind == "accuracy":
         ident["accuracy"] = c["exp"]["accuracy"]
     else:
@@ -71,16 +86,30 @@ def identity(cfg: DictConfig) -> Dict[str, Any]:
     return ident
 
 
+def realized(cfg: DictConfig) -> Dict[str, Any]:
+    """What the point's numbers come from beyond its config (part of its identity and name):
+    the realized device (CUDA device name or 'cpu-emulated'; 'projected' for kind=project,
+    which measures nothing), the dtype and the number of layers actually run."""
+    from hybridgen.eval.provenance import realized_device
+    from hybridgen.model import model_spec
+
+    layers = int(cfg.model.num_layers) if cfg.model.num_layers else model_spec(cfg.model.name).num_layers
+    device = "projected" if cfg.exp.kind == "project" else realized_device()
+    return {"device": device, "dtype": str(cfg.model.dtype), "num_layers": layers}
+
+
 def name_of(cfg: DictConfig) -> str:
     w = cfg.workload
     extra = ""
+    r = realized(cfg)
+    hw = hardware_part(r["device"], r["dtype"], r["num_layers"])
     if cfg.exp.kind == "accuracy":
         a = cfg.exp.accuracy
         extra = f"acc{len(a.tasks)}t-l{a.limit if a.limit is not None else 'all'}-f{a.num_fewshot}-{a.score_mode}"
         return run_name(cfg.model.name, cfg.model.weights, cfg.method.name, key_params(cfg), 0, 0, 0, "tasks",
-                        cfg.seed, identity(cfg), extra=extra).replace("__b0-p0-g0-tasks", "")
+                        cfg.seed, identity(cfg), extra=extra, hardware=hw).replace("__b0-p0-g0-tasks", "")
     return run_name(cfg.model.name, cfg.model.weights, cfg.method.name, key_params(cfg), w.batch,
-                    w.prompt_len, w.gen_len, w.source, cfg.seed, identity(cfg))
+                    w.prompt_len, w.gen_len, w.source, cfg.seed, identity(cfg), hardware=hw)
 
 
 # ----------------------------------------------------------------------------- session
@@ -90,6 +119,7 @@ class Outcome:
     status: str                      # 'done' | 'skipped' | 'failed'
     row: Dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    note: str = ""                   # e.g. a skipped run measured at another commit
 
 
 class Session:
@@ -116,21 +146,29 @@ class Session:
 
         m = cfg.model
         key = f"{m.name}|{m.weights}|{m.dtype}|{m.num_layers}|{cfg.seed}"
+        failed = getattr(self, "_load_error", None)
+        if failed is not None and failed[0] == key:
+            raise failed[1]  # the same model failed to load for an earlier point: do not retry
         if key != self._engine_key:
             self._engine, self._engine_key, self._refs = None, None, {}
             t0 = time.perf_counter()
-            self._engine = load_model(m.name, weights=m.weights, dtype=m.dtype, seed=int(cfg.seed),
-                                      num_layers=m.num_layers)
+            try:
+                self._engine = load_model(m.name, weights=m.weights, dtype=m.dtype, seed=int(cfg.seed),
+                                          num_layers=m.num_layers)
+            except HybridGenError as err:
+                self._load_error = (key, err)
+                raise
             self._engine_key = key
             self.log(f"loaded {self._engine!r} in {time.perf_counter() - t0:.1f}s")
         return self._engine
 
     @staticmethod
     def _ref_key(cfg: DictConfig) -> Tuple[str, str, Dict[str, Any]]:
-        ref_cfg = OmegaConf.load(CONF_DIR / "method" / f"{cfg.exp.reference}.yaml")
-        params = OmegaConf.to_container(ref_cfg.get("params", {}), resolve=True) or {}
-        key = f"{ref_cfg.name}|{params}|{OmegaConf.to_container(cfg.workload)}|{cfg.seed}"
-        return key, ref_cfg.name, params
+        from experiments.sweep import reference_method
+
+        name, params = reference_method(cfg.exp.reference)
+        key = f"{name}|{params}|{OmegaConf.to_container(cfg.workload)}|{cfg.seed}"
+        return key, name, params
 
     def offer_reference(self, cfg: DictConfig, result) -> None:
         """Keep ``result`` as the reference when this run IS the reference method with its defaults."""
@@ -147,8 +185,13 @@ class Session:
         if key not in self._refs:
             self.log(f"reference generation ({cfg.exp.reference}) for fidelity ...")
             method = build_method(name, **params)
+            # the reference is the method's ideal, not a competitor: it runs without the tier
+            # capacities the method under test lives with (a method that fits must not lose its
+            # measurement because the dense reference would not fit)
+            unlimited = {**OmegaConf.to_container(cfg.hardware, resolve=True),
+                         "gpu_capacity": None, "dram_capacity": None, "cxl_capacity": None}
             self._refs = {key: engine.generate(ids, method, max_new_tokens=int(cfg.workload.gen_len),
-                                               attention_mask=mask, store=make_store(cfg.hardware, engine),
+                                               attention_mask=mask, store=make_store(unlimited, engine),
                                                return_logits=True, progress=bool(cfg.progress))}
         return self._refs[key]
 
@@ -173,6 +216,7 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
     from hybridgen.eval.generation import (fidelity_metrics, make_store, resolve_capacities, scheduler_trace,
                                            step_stats, teacher_forced_logits, weight_bytes)
     from hybridgen.eval.memory import PeakMemory
+    from hybridgen.eval.provenance import cuda_dispatch_counts, kernels_used
 
     engine = session.engine(cfg)
     ids, mask = prompts(cfg, engine)
@@ -186,6 +230,7 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
         engine.generate(warm, build(cfg), max_new_tokens=min(2, gen_len), store=make_store(cfg.hardware, engine))
     runs, totals = [], []
     trace = None
+    cuda_before = cuda_dispatch_counts()
     for r in range(int(cfg.exp.repeats)):
         method = build(cfg)
         store = make_store(cfg.hardware, engine)
@@ -217,6 +262,7 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
                      "h2d_bytes_per_step": stats.get("bytes_h2d", 0) / steps if steps else None},
         "method_stats": stats,
         "breakdown": {k: v for k, v in stats.items() if k.endswith("_s")},
+        "kernels": kernels_used(build(cfg).config(), engine.dtype, cuda_before),
         "hardware": {**OmegaConf.to_container(cfg.hardware), "capacities": resolve_capacities(cfg.hardware, engine),
                      "store": res.store_description},
         "model": {**OmegaConf.to_container(cfg.model), "spec": engine.spec.to_dict(), "weight_bytes": weight_bytes(engine)},
@@ -226,14 +272,20 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
     }
     if cfg.exp.fidelity:
         session.offer_reference(cfg, res)
-        ref = session.reference(cfg, engine, ids, mask)
-        same = bool(torch.equal(ref.tokens, res.tokens))
-        logits = res.logits if same else teacher_forced_logits(
-            engine, build(cfg), ids, mask, ref.tokens, store=make_store(cfg.hardware, engine))
-        metrics["fidelity"] = {"reference": cfg.exp.reference, "tokens_identical": same,
-                               "teacher_forced": not same, "steps": n,
-                               "token_match_rate": float((ref.tokens == res.tokens).float().mean()),
-                               **fidelity_metrics(ref.logits, logits)}
+        try:
+            ref = session.reference(cfg, engine, ids, mask)
+            same = bool(torch.equal(ref.tokens, res.tokens))
+            logits = res.logits if same else teacher_forced_logits(
+                engine, build(cfg), ids, mask, ref.tokens, store=make_store(cfg.hardware, engine))
+        except HybridGenError as err:  # keep the method's measurement; say why fidelity is missing
+            session.log(f"fidelity unavailable: {err}")
+            metrics["fidelity"] = {"reference": cfg.exp.reference, "available": False, "reason": str(err)}
+        else:
+            metrics["fidelity"] = {"reference": cfg.exp.reference, "available": True,
+                                   "reference_store": "unlimited tiers", "tokens_identical": same,
+                                   "teacher_forced": not same, "steps": n,
+                                   "token_match_rate": float((ref.tokens == res.tokens).float().mean()),
+                                   **fidelity_metrics(ref.logits, logits)}
     if cfg.hardware.profile:
         metrics["projected"] = _projection(cfg, engine.spec, trace)
     if trace:
@@ -271,10 +323,13 @@ def _decode(engine, tokens) -> Optional[str]:
 
 
 def run_accuracy(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str, Any]:
-    from hybridgen.eval.accuracy import evaluate
+    from experiments.accuracy import evaluate
+    from hybridgen.eval.provenance import cuda_dispatch_counts, kernels_used
 
     engine = session.engine(cfg)
-    return evaluate(engine, cfg, out_dir, log=session.log)
+    before = cuda_dispatch_counts()
+    body = evaluate(engine, cfg, out_dir, log=session.log)
+    return {**body, "kernels": kernels_used(build(cfg).config(), engine.dtype, before)}
 
 
 def summary_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
@@ -291,10 +346,8 @@ def summary_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
         row["KL"] = fid.get("mean_kl")
         return row
     if cfg.exp.kind == "project":
-        pr = m["projected"]
         row.update({"batch": cfg.workload.batch, "prompt": cfg.workload.prompt_len, "gen": cfg.workload.gen_len,
-                    "profile": pr["profile"], "step_ms (projected)": 1e3 * pr["step_s"],
-                    "tok/s (projected)": pr["decode_tokens_per_s"], "fits_gpu": pr["fits_gpu"]})
+                    **_projected_columns(m["projected"])})
         return row
     lat, mem = m["latency"], m["memory"]
     row.update({"batch": cfg.workload.batch, "prompt": cfg.workload.prompt_len, "gen": cfg.workload.gen_len,
@@ -307,44 +360,84 @@ def summary_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
     if fid:
         row["top1"] = fid.get("top1_agreement")
         row["KL"] = fid.get("mean_kl")
+    if m.get("projected"):
+        row.update(_projected_columns(m["projected"]))
     return row
+
+
+def _projected_columns(pr: Dict[str, Any]) -> Dict[str, Any]:
+    """The projected columns of a table row; a method without a performance-model cost says so."""
+    if pr.get("status") == "not modelled" or pr.get("step_s") is None:
+        return {"profile": pr.get("profile"), "step_ms (projected)": "not modelled",
+                "tok/s (projected)": "not modelled"}
+    return {"profile": pr["profile"], "step_ms (projected)": 1e3 * pr["step_s"],
+            "tok/s (projected)": pr["decode_tokens_per_s"], "fits_gpu": pr["fits_gpu"]}
+
+
+def _skipped(cfg: DictConfig, session: Session, store: ResultsStore, name: str, why: str = "done") -> Outcome:
+    """The Outcome of a finished run that is reused; a run measured at another commit says so."""
+    from hybridgen.eval.provenance import code_version, describe_version, same_code
+    from hybridgen.results import load_run
+
+    m = load_run(store.run_dir(name))
+    then = (m.get("run") or {}).get("code") or (m.get("environment") or {}).get("git")
+    now = code_version()
+    note = ""
+    if not same_code(then, now):
+        note = (f"measured at code {describe_version(then)}, this checkout is {describe_version(now)}; "
+                "force=true re-runs it")
+    session.log(f"skip ({why}): {store.run_dir(name)}" + (f" ({note})" if note else ""))
+    return Outcome(name, "skipped", _safe_row(cfg, m), note=note)
 
 
 def run_point(cfg: DictConfig, session: Session, overrides: List[str] = ()) -> Outcome:
     """Run one point unless it is finished (force=true replaces it).
 
-    A HybridGenError (user error: capacity, missing data...) propagates; any other exception is a
-    bug in some method or the harness: its trace is printed and the sweep goes on (Outcome 'failed').
+    The run's lock is held from the skip check to the rename (hybridgen.results): an identical
+    run in another process waits for it, then skips. A finished run from another commit is
+    reused with a note (see hybridgen.eval.provenance). A HybridGenError (user error: capacity,
+    missing data, non-finite numbers...) propagates (nothing is written); any other exception
+    is a bug in some method or the harness: its trace is printed and the sweep goes on
+    (Outcome 'failed').
     """
+    from hybridgen.eval.provenance import code_version
+
     store = ResultsStore(cfg.results_dir, cfg.exp.name)
     name = name_of(cfg)
     if store.is_done(name) and not cfg.force:
-        session.log(f"skip (done): {store.run_dir(name)}")
-        from hybridgen.results import load_run
-        return Outcome(name, "skipped", _safe_row(cfg, load_run(store.run_dir(name))))
-    store.clean_stale()
-    session.log(f"run: {store.run_dir(name)}")
+        return _skipped(cfg, session, store, name)
     started = time.time()
     try:
-        with store.writing(name, force=bool(cfg.force), log=session.log) as tmp:
-            (tmp / CONFIG).write_text(OmegaConf.to_yaml(cfg))
-            kind = cfg.exp.kind
-            body = (run_accuracy(cfg, session, tmp) if kind == "accuracy" else
-                    run_projection(cfg) if kind == "project" else run_generation(cfg, session, tmp))
-            metrics = {
-                "schema": 1,
-                "run": {"name": name, "exp": cfg.exp.name, "status": "ok", "kind": cfg.exp.kind,
-                        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_s": time.time() - started,
-                        "overrides": list(overrides), "command": " ".join(sys.argv)},
-                "model": OmegaConf.to_container(cfg.model), "method": {"name": cfg.method.name, "params": build(cfg).config()},
-                "workload": OmegaConf.to_container(cfg.workload), "seed": int(cfg.seed),
-                **body,
-                "environment": session.environment(),
-            }
-            write_json(tmp / "metrics.json", metrics)
+        with store.locked(name, log=session.log):
+            if store.is_done(name) and not cfg.force:  # finished by another process while we waited
+                return _skipped(cfg, session, store, name, "done by another process")
+            store.clean_stale()
+            session.log(f"run: {store.run_dir(name)}")
+            if cfg.hardware.threads:
+                from hybridgen import runtime
+
+                runtime.apply(torch_threads=int(cfg.hardware.threads))  # recorded in environment.json
+            with store.writing(name, force=bool(cfg.force), log=session.log) as tmp:
+                (tmp / CONFIG).write_text(OmegaConf.to_yaml(cfg))
+                kind = cfg.exp.kind
+                body = (run_accuracy(cfg, session, tmp) if kind == "accuracy" else
+                        run_projection(cfg) if kind == "project" else run_generation(cfg, session, tmp))
+                metrics = {
+                    "schema": 1,
+                    "run": {"name": name, "exp": cfg.exp.name, "status": "ok", "kind": cfg.exp.kind,
+                            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_s": time.time() - started,
+                            "overrides": list(overrides), "command": " ".join(sys.argv),
+                            "code": code_version(), "realized": realized(cfg),
+                            "threads": {"torch": torch.get_num_threads()}},
+                    "model": OmegaConf.to_container(cfg.model), "method": {"name": cfg.method.name, "params": build(cfg).config()},
+                    "workload": OmegaConf.to_container(cfg.workload), "seed": int(cfg.seed),
+                    **body,
+                    "environment": session.environment(),
+                }
+                write_json(tmp / "metrics.json", metrics)
     except HybridGenError:
-        raise  # a user error: the entry point prints one line and stops (finished runs stay done)
+        raise  # a user error: the entry point prints one line (finished runs stay done)
     except Exception as err:  # a bug, not a user error: keep the trace, keep the sweep going
         traceback.print_exc()
         session.log(f"failed: {name}: {type(err).__name__}: {err}")
@@ -372,3 +465,6 @@ def print_table(outcomes: List[Outcome], file=None) -> None:
     failed = [o for o in outcomes if o.status == "failed"]
     for o in failed:
         print(f"failed: {o.name}: {o.error}", file=sys.stderr)
+    for o in outcomes:
+        if o.note:
+            print(f"note: {o.status} {o.name}: {o.note}", file=file or sys.stdout)

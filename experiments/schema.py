@@ -148,8 +148,9 @@ class RunConfig:
     exp: ExpConf = field(default_factory=ExpConf)
     seed: int = 0
     force: bool = False
-    results_dir: str = "results"
+    results_dir: str = "outputs"     # ad-hoc runs stay out of the committed results/ (make targets write there)
     progress: bool = True
+    fail_fast: bool = False          # true: stop the sweep at the first failing point
 
 
 def register_configs() -> None:

@@ -57,6 +57,15 @@ def _bare(key: str) -> str:
     return key.lstrip("+~")
 
 
+def method_param_overrides(overrides: Sequence[str]) -> List[str]:
+    """``method.params.X=V`` rewritten as ``++method.params.X=V`` (set whether or not the YAML has X).
+
+    A method's YAML names only what it overrides, so most parameters are not keys of
+    ``method.params`` until the user sets them; the method's dataclass checks the name and value.
+    """
+    return ["++" + o if o.startswith("method.params.") else o for o in overrides]
+
+
 def compose(overrides: Sequence[str]) -> DictConfig:
     """The run config (with its ``hydra`` node) for ``overrides``; needs an initialised Hydra."""
     from hydra import compose as hydra_compose
@@ -64,7 +73,8 @@ def compose(overrides: Sequence[str]) -> DictConfig:
     from experiments.schema import register_configs
 
     register_configs()
-    return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    return hydra_compose(config_name="config", overrides=method_param_overrides(overrides),
+                         return_hydra_config=True)
 
 
 def expand(overrides: Sequence[str]) -> List[List[str]]:
@@ -115,12 +125,19 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{path} must be >= 1, got {OmegaConf.select(cfg, path)}")
     if cfg.model.num_layers is not None and cfg.model.num_layers < 1:
         raise ConfigError(f"model.num_layers must be >= 1 or null, got {cfg.model.num_layers}")
+    if cfg.hardware.threads is not None and int(cfg.hardware.threads) < 1:
+        raise ConfigError(f"hardware.threads must be >= 1 (torch CPU threads) or null, got {cfg.hardware.threads}")
+    _check_numa_nodes(cfg.hardware)
     if cfg.exp.kind == "accuracy" and not cfg.exp.accuracy.tasks:
         raise ConfigError("exp.kind=accuracy needs exp.accuracy.tasks (e.g. exp.accuracy.tasks=[hg_bigbench_social_iqa])")
     params = OmegaConf.to_container(cfg.method.params, resolve=True) or {}
     build_method(cfg.method.name, **params)
     if cfg.exp.kind == "project" and not cfg.hardware.profile:
         raise ConfigError("exp.kind=project needs a hardware profile (e.g. hardware=h100)")
+    if cfg.exp.kind != "project":
+        from hybridgen.model.loading import check_checkpoint
+
+        check_checkpoint(cfg.model.name, cfg.model.weights)  # a damaged cache or checkpoint: one line, now
     if cfg.exp.kind == "accuracy":
         from hybridgen.eval.tasks_data import check_tasks
 
@@ -135,9 +152,39 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"workload.prompt_len={w.prompt_len} + workload.gen_len={w.gen_len} exceeds "
                               f"{cfg.model.name}'s {positions} positions; shorten the prompt or the generation")
     if cfg.exp.fidelity or (cfg.exp.kind == "accuracy" and cfg.exp.accuracy.fidelity):
-        ref = CONF_DIR / "method" / f"{cfg.exp.reference}.yaml"
-        if not ref.exists():
-            raise ConfigError(f"exp.reference={cfg.exp.reference!r} has no conf/method/{cfg.exp.reference}.yaml")
+        reference_method(cfg.exp.reference)
+
+
+def _check_numa_nodes(hw) -> None:
+    """hardware.cxl_node: 'auto', null or an existing NUMA node; hardware.dram_node: null or an existing node."""
+    from hybridgen.kv import numa
+
+    nodes = sorted(n.node for n in numa.numa_nodes())
+    for key, allowed in (("cxl_node", "auto, null"), ("dram_node", "null")):
+        val = hw.get(key)
+        if val is None or (key == "cxl_node" and val == "auto"):
+            continue
+        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+            raise ConfigError(f"hardware.{key}={val!r} is not valid; use {allowed} or a NUMA node number "
+                              f"(this machine has: {', '.join(map(str, nodes))})")
+        if val not in nodes:
+            raise ConfigError(f"hardware.{key}={val} is not a NUMA node of this machine (nodes: "
+                              f"{', '.join(map(str, nodes))}); use {allowed} or one of those")
+
+
+def reference_method(name: str) -> Tuple[str, Dict]:
+    """(method name, params) of the fidelity reference ``name``: a conf/method preset or a method name."""
+    from hybridgen.methods import build_method
+
+    preset = CONF_DIR / "method" / f"{name}.yaml"
+    if preset.exists():
+        conf = OmegaConf.load(preset)
+        params = conf.get("params")
+        method, params = str(conf.name), (OmegaConf.to_container(params, resolve=True) if params else {})
+    else:
+        method, params = name, {}
+    build_method(method, **params)  # unknown name or bad preset: one line
+    return method, params
 
 
 def friendly_error(err: BaseException, overrides: Sequence[str] = ()) -> str:
@@ -163,6 +210,10 @@ def friendly_error(err: BaseException, overrides: Sequence[str] = ()) -> str:
     key = full_key or (m.group(1) if m else None)
     if key and key.startswith("method.params.") and ("not in" in ctext or m):
         return _method_param_error(key.split(".", 2)[2], overrides)
+    append = re.search(r"To append to your default list use (\S+)", text)
+    if key and append:  # e.g. exp=quickstart: a config group with no default to override; keep Hydra's hint
+        return (f"config group '{key}' has no default to override (unknown config key '{key}' without '+'); "
+                f"to append to your default list use {append.group(1)}")
     if key and ("not in" in ctext or "not in struct" in text or m):
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         valid = _valid_keys(parent)
@@ -205,6 +256,12 @@ def _valid_keys(parent: str) -> List[str]:
     return []
 
 
+def _point_label(pt: Sequence[str], points: Sequence[Sequence[str]]) -> str:
+    """The overrides that make ``pt`` differ from the other points of the sweep."""
+    shared = set(points[0]).intersection(*map(set, points[1:]))
+    return " ".join(o for o in pt if o not in shared) or " ".join(pt)
+
+
 def resolve_points(overrides: Sequence[str]) -> List[Tuple[List[str], DictConfig]]:
     """Compose and validate every point; raises ConfigError with one line on the first bad one."""
     from hydra import initialize_config_dir
@@ -231,7 +288,14 @@ def resolve_points(overrides: Sequence[str]) -> List[Tuple[List[str], DictConfig
                 raise
             except Exception as err:
                 raise ConfigError(friendly_error(err, pt)) from None
-            validate(cfg)
+            try:
+                validate(cfg)
+            except HybridGenError as err:
+                if len(points) == 1:
+                    raise
+                raise ConfigError(f"{err} (at sweep point {_point_label(pt, points)}; a plain override "
+                                  "applies to every point of the sweep: run such points in separate "
+                                  "commands)") from None
             out.append((pt, cfg))
     finally:
         if ctx is not None:

@@ -29,6 +29,10 @@ class MissingDataError(HybridGenError):
     """A model, dataset or file that the run needs is not on disk."""
 
 
+class NumericalError(HybridGenError):
+    """Computed numbers that cannot be right (NaN or inf logits): the run stops, nothing is recorded."""
+
+
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> HybridGenError:
     """Error for an unknown registry key, listing the valid choices."""
     return ConfigError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(known))}")

@@ -19,26 +19,27 @@ Choices where the paper is silent (it has no lossless mode; this is our extensio
   ``bytes_d2h``). Attention is order-invariant, so slots need not be in position order;
 - GPU and host segments are preallocated for the whole generation at prefill (GPU:
   ``gpu_budget.resolve(max_len)`` tokens; host: ``max_len - that``), so decoding never
-  reallocates unless the engine runs more steps than ``max_new_tokens``.
+  reallocates unless the engine runs more steps than ``max_new_tokens``;
+- the query reaches the CPU worker through :class:`hybridgen.kv.transfer.DeviceToHost` (a
+  per-layer pinned buffer + CUDA event); the worker waits on the event before reading it.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional
+from typing import ClassVar, Deque, List, Optional
 
 from torch import Tensor
 
 from hybridgen.attention import merge_partials
-from hybridgen.attention.cuda_kernels import partial_attention  # CuPy on CUDA, torch otherwise
+from hybridgen.attention.cuda import partial_attention  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
-from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
 from hybridgen.kv.segment import split_prompt
-from hybridgen.methods import Budget, KVMethod, MethodContext, register
+from hybridgen.kv.transfer import DeviceToHost, after_copy
+from hybridgen.methods import Budget, HostTier, KVMethod, MethodContext, NonNegInt
 
 
-@register("hybrid-exact")
 @dataclass
 class HybridExact(KVMethod):
     """GPU partial over sinks + recent window, CPU partial over host KV, exact LSE merge.
@@ -48,20 +49,16 @@ class HybridExact(KVMethod):
     key_tier / value_tier: host tiers for host keys and values ('dram' or 'cxl').
     """
 
-    gpu_budget: Budget = Budget(ratio=0.5)
-    sinks: int = 4
-    key_tier: str = "dram"
-    value_tier: str = "dram"
+    name: ClassVar[str] = "hybrid-exact"
+    gpu_budget: Budget = Budget(ratio=0.1)
+    sinks: NonNegInt = 4
+    key_tier: HostTier = "dram"
+    value_tier: HostTier = "dram"
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
-        if self.sinks < 0:
-            raise ConfigError(f"hybrid-exact: sinks must be >= 0, got {self.sinks}")
-        for t in (self.key_tier, self.value_tier):
-            if t not in ("dram", "cxl"):
-                raise ConfigError(f"hybrid-exact: host tier must be 'dram' or 'cxl', got {t!r}")
-        self.gpu_budget = Budget.parse(self.gpu_budget)
         self.pool = ctx.pool or default_pool()
+        self.q_down = DeviceToHost(ctx.compute_device)  # q -> pinned host buffer + event, per layer
         L = ctx.num_layers
         self.gpu: List[Optional[KVSegment]] = [None] * L
         self.host: List[Optional[KVSegment]] = [None] * L
@@ -119,8 +116,9 @@ class HybridExact(KVMethod):
         if host.length == 0:
             out, _ = partial_attention(q, gpu.k, gpu.v, scale, gpu.mask)
             return out
-        q_host = q.to(host.device, non_blocking=True)
-        host_future = self.pool.submit(partial_attention, q_host, host.k, host.v, scale, host.mask)
+        q_host, q_ready = self.q_down.send(layer, q)  # the worker waits on q_ready before reading q_host
+        host_future = self.pool.submit(after_copy, q_ready, partial_attention, q_host, host.k, host.v, scale,
+                                       host.mask)
         gpu_part = partial_attention(q, gpu.k, gpu.v, scale, gpu.mask)
         h_out, h_lse = host_future.result()
         self.count("bytes_h2d", h_out.numel() * h_out.element_size() + h_lse.numel() * 4)
@@ -132,3 +130,9 @@ class HybridExact(KVMethod):
             if seg is not None:
                 seg.release()
         self.gpu, self.host = [], []
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: CPU attention over the host KV || GPU over its part, LSE merge."""
+        from hybridgen.perf.costs import cpu_attention_split_cost
+
+        return cpu_attention_split_cost(c, self.gpu_budget, merge=True, mapping=(self.key_tier, self.value_tier))

@@ -1,4 +1,4 @@
-"""Measure this machine into a hardware profile: ``python -m hybridgen.profile [--out FILE] [--quick]``.
+"""Measure this machine into a hardware profile: ``python -m hybridgen.profile [--out FILE] [--quick] [--force]``.
 
 Measures (each only where the hardware exists; what cannot be measured is recorded as null):
 - host<->GPU copies, pinned and pageable, both directions (CUDA only);
@@ -9,12 +9,15 @@ Measures (each only where the hardware exists; what cannot be measured is record
   nearest CPU node for a CPU-less CXL node, memory bound to the node with mbind; a single
   node machine is measured in-process, unbound);
 - CPU decode attention (``partial_attention`` over host KV), the GQA key scan of
-  ``hybridgen.attention.cpu_scan`` and ``torch.topk`` as bytes/s at decode shapes of a
-  Llama-3.1-8B layer (batch 8, 32 query heads, 8 KV heads, head dim 128);
+  ``hybridgen.attention.cpu_scan``, the group score (``group_scores``), ``torch.topk`` and
+  the row gather (``gather_rows``) as bytes/s at decode shapes of a Llama-3.1-8B layer (batch 8,
+  32 query heads, 8 KV heads, head dim 128); with CUDA, attention and scan again over
+  pinned (page-locked) host KV, where the code keeps it; the fixed cost of one small host
+  torch op (``op_us``);
 - cores, memory, CPU model, versions.
 
 The output has the schema of ``hybridgen/profiles/*.json`` with ``"measured": true``, the
-date and ``host_info``, and loads with :func:`hybridgen.perfmodel.load_profile`.
+date and ``host_info``, and loads with :func:`hybridgen.perf.load_profile`.
 
 Choices: bandwidths are the median of several timed repetitions after one warm-up; buffers
 are filled with non-zero data first (untouched pages would read as the shared zero page);
@@ -35,6 +38,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+if __name__ == "__main__":  # as a command: thread/env settings before torch loads
+    from hybridgen import runtime
+
+    runtime.apply_or_exit()
 
 import torch
 
@@ -64,7 +72,7 @@ class ProfileConfig:
 
 
 def _gbps(nbytes: float, seconds: float) -> float:
-    return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("nan")
+    return float(f"{nbytes / seconds / 1e9:.4g}") if seconds > 0 else float("nan")  # 4 significant digits
 
 
 # ------------------------------------------------------------------ host memory
@@ -132,8 +140,9 @@ def measure_numa_nodes(cfg: ProfileConfig) -> List[Dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ CPU attention kernels
-def _decode_inputs(tokens: int, dtype: torch.dtype, device: str = "cpu"):
-    B, Hq, Hkv, D = SHAPE["batch"], SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"]
+def _decode_inputs(tokens: int, dtype: torch.dtype, device: str = "cpu", shape: Optional[Dict[str, int]] = None):
+    sh = shape or SHAPE
+    B, Hq, Hkv, D = sh["batch"], sh["heads"], sh["kv_heads"], sh["head_dim"]
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, Hq, 1, D, generator=g).to(dtype).to(device)
     k = torch.randn(B, Hkv, tokens, D, generator=g).to(dtype).to(device)
@@ -141,15 +150,20 @@ def _decode_inputs(tokens: int, dtype: torch.dtype, device: str = "cpu"):
     return q, k, v
 
 
-def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32")) -> Dict[str, Any]:
-    """CPU attention, key scan and top-k throughput (GB/s of bytes read) per KV dtype."""
+def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Optional[Dict[str, int]] = None
+                        ) -> Dict[str, Any]:
+    """CPU attention, key scan, group score and top-k throughput (GB/s of bytes read) per KV
+    dtype; shape: {batch, heads, kv_heads, head_dim} of the decode layer (default SHAPE)."""
+    sh = shape or SHAPE
     from hybridgen.attention.partial import partial_attention
 
     names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    attn, scan, scan_backend, topk = {}, {}, {}, None
-    scale = 1 / math.sqrt(SHAPE["head_dim"])
+    attn, scan, scan_backend, topk, group, gather = {}, {}, {}, None, None, None
+    attn_pinned: Dict[str, float] = {}
+    scan_pinned: Dict[str, float] = {}
+    scale = 1 / math.sqrt(sh["head_dim"])
     for name in dtypes:
-        q, k, v = _decode_inputs(cfg.cpu_tokens, names[name])
+        q, k, v = _decode_inputs(cfg.cpu_tokens, names[name], shape=sh)
         kv_bytes = 2 * k.numel() * k.element_size()
         attn[name] = _gbps(kv_bytes, median_time(lambda: partial_attention(q, k, v, scale), cfg.reps))
         try:
@@ -164,13 +178,58 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32")) -> Dict[str
             fn = lambda: attention_logits(q, k, scale)  # noqa: E731
         scan[name] = _gbps(k.numel() * k.element_size(), median_time(fn, cfg.reps))
         scan_backend[name] = backend
+        if torch.cuda.is_available():  # the code pins host KV when CUDA exists: measure that too
+            from hybridgen.attention.partial import attention_logits
+
+            kp, vp = k.pin_memory(), v.pin_memory()
+            attn_pinned[name] = _gbps(kv_bytes, median_time(lambda: partial_attention(q, kp, vp, scale), cfg.reps))
+            pfn = (lambda: scan_logits(q, kp, scale, backend=backend)) if backend != "torch-matmul" else \
+                (lambda: attention_logits(q, kp, scale))
+            scan_pinned[name] = _gbps(k.numel() * k.element_size(), median_time(pfn, cfg.reps))
+            del kp, vp
         if topk is None:
-            logits = torch.randn(SHAPE["batch"], SHAPE["heads"], cfg.cpu_tokens)
+            logits = torch.randn(sh["batch"], sh["heads"], cfg.cpu_tokens)
             kk = max(1, cfg.cpu_tokens // 20)
             topk = _gbps(logits.numel() * 4,
                          median_time(lambda: torch.topk(logits, kk, dim=-1, sorted=False), cfg.reps))
+            group = _group_score_gbps(logits, sh["kv_heads"], cfg.reps)
+            gather = _gather_gbps(v, cfg.reps)
         del q, k, v
-    return {"cpu_attention_gbps": attn, "key_scan_gbps": scan, "key_scan_backend": scan_backend, "topk_gbps": topk}
+    return {"cpu_attention_gbps": attn, "key_scan_gbps": scan, "key_scan_backend": scan_backend, "topk_gbps": topk,
+            "group_score_gbps": group, "gather_gbps": gather, "key_scan_pinned_gbps": scan_pinned, "cpu_attention_pinned_gbps": attn_pinned,
+            "op_us": measure_op_us(cfg.reps)}
+
+
+def _group_score_gbps(logits: torch.Tensor, kv_heads: int, reps: int) -> Optional[float]:
+    """GB/s of fp32 logits [B, Hq, T] reduced to one score per KV group (the code's group_scores)."""
+    try:
+        from hybridgen.attention.cpu_scan import group_scores
+    except ImportError:
+        return None
+    return _gbps(logits.numel() * 4, median_time(lambda: group_scores(logits, kv_heads, "max"), reps))
+
+
+def _gather_gbps(values: torch.Tensor, reps: int) -> Optional[float]:
+    """GB/s of V rows gathered at random indices (5% of the tokens per (batch, KV head)) by the
+    code's ``gather_rows``: rows of head_dim elements, latency- rather than bandwidth-bound."""
+    try:
+        from hybridgen.attention.cpu_scan import gather_rows
+    except ImportError:
+        return None
+    B, Hkv, T, D = values.shape
+    k = max(1, T // 20)
+    idx = torch.stack([torch.randperm(T)[:k] for _ in range(B * Hkv)]).view(B, Hkv, k)
+    nbytes = B * Hkv * k * D * values.element_size()
+    return _gbps(nbytes, median_time(lambda: gather_rows(values, idx), reps))
+
+
+def measure_op_us(reps: int = 5) -> float:
+    """Fixed cost (us) of one small host-side torch op (dispatch + the intra-op threads), the
+    per-op term of a split layer's fixed cost (profile ``host.op_us``)."""
+    x = torch.ones(8, 32, 128)
+    n = 50
+    per = median_time(lambda: [x.mul(1.0001) for _ in range(n)], max(3, reps)) / n
+    return round(per * 1e6, 2)
 
 
 # ------------------------------------------------------------------ GPU (CUDA only)
@@ -204,22 +263,23 @@ def measure_gpu(cfg: ProfileConfig) -> Optional[Dict[str, Any]]:
     tflops = round(2 * m ** 3 / median_time(lambda: x @ y, cfg.reps, sync) / 1e12, 1)
     del x, y
     launch_us = round(median_time(lambda: small.add_(1), 50, sync) * 1e6, 1)
-    from hybridgen.attention import cuda_kernels
+    from hybridgen.attention import cuda as cuda_attention
     from hybridgen.attention.partial import partial_attention
 
     q, k, v = _decode_inputs(cfg.gpu_tokens, torch.bfloat16, "cuda")
     kv_bytes = 2 * k.numel() * k.element_size()
     scale = 1 / math.sqrt(SHAPE["head_dim"])
     by_backend = {"torch": _gbps(kv_bytes, median_time(lambda: partial_attention(q, k, v, scale), cfg.reps, sync))}
-    if cuda_kernels.kernels_available():
+    if cuda_attention.kernels_available():
         try:
             by_backend["cupy"] = _gbps(kv_bytes, median_time(
-                lambda: cuda_kernels.cupy_partial_attention(q, k, v, scale), cfg.reps, sync))
+                lambda: cuda_attention.cupy_partial_attention(q, k, v, scale), cfg.reps, sync))
         except Exception as err:  # noqa: BLE001 - record, do not fail the profile
             by_backend["cupy_error"] = f"{type(err).__name__}: {err}"[:200]
+    best = max(v for v in by_backend.values() if isinstance(v, float))
     gpu = {"name": props.name, "memory_gb": round(props.total_memory / 1e9, 1), "hbm_gbps": hbm,
-           "attention_gbps": max(v for v in by_backend.values() if isinstance(v, float)),
-           "matmul_tflops": tflops, "launch_us": launch_us}
+           "attention_gbps": best, "matmul_tflops": tflops, "launch_us": launch_us,
+           "gqa_attention_gbps": best}  # measured at the GQA shape (32 q heads, 8 KV heads)
     return {"gpu": gpu, "link": link, "attention_by_backend": by_backend}
 
 
@@ -244,7 +304,7 @@ def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
     cxl_nodes = [n for n in nodes if n["kind"] == "cxl" and n.get("read_gbps")]
     how = f"measured by `python -m hybridgen.profile{' --quick' if quick else ''}`"
     null_gpu = {"name": None, "memory_gb": None, "hbm_gbps": None, "attention_gbps": None, "matmul_tflops": None,
-                "launch_us": None}
+                "launch_us": None, "gqa_attention_gbps": None}
     null_link = {"name": None, "h2d_pinned_gbps": None, "h2d_pageable_gbps": None, "d2h_pinned_gbps": None,
                  "d2h_pageable_gbps": None, "latency_us": None}
     profile = {
@@ -263,6 +323,11 @@ def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
             "cpu_attention_gbps": cpu["cpu_attention_gbps"],
             "key_scan_gbps": cpu["key_scan_gbps"],
             "topk_gbps": cpu["topk_gbps"],
+            "group_score_gbps": cpu["group_score_gbps"],
+            "gather_gbps": cpu["gather_gbps"],
+            "op_us": cpu["op_us"],
+            "key_scan_pinned_gbps": cpu["key_scan_pinned_gbps"],
+            "cpu_attention_pinned_gbps": cpu["cpu_attention_pinned_gbps"],
             "numa_nodes": [{"node": n["node"], "kind": n["kind"], "read_gbps": n.get("read_gbps"),
                             "capacity_gb": n.get("capacity_gb")} for n in nodes],
         },
@@ -306,23 +371,57 @@ def _summary(p: Dict[str, Any]) -> str:
     return "\n".join(f"  {k:30s} {v}" for k, v in rows)
 
 
+def check_out(out: Path, force: bool) -> None:
+    """Before measuring: ``out`` must be a new file (or ``force``) whose directory can be created and written.
+
+    One-line ConfigError otherwise; creates nothing (a temporary probe file is removed at once).
+    """
+    from hybridgen.errors import ConfigError
+
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file name, e.g. --out {out / 'measured.json'}")
+    if out.exists() and not force:
+        raise ConfigError(f"--out {out} already exists; pass --force to overwrite it, or choose another --out")
+    probe = out.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--out {out}: {probe} is a file, not a directory; choose another --out")
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".hybridgen-write-test-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        raise ConfigError(f"--out {out} is not writable (cannot create a file in {probe}: {err.strerror or err}); "
+                          "choose another --out") from None
+
+
 @cli_errors
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridgen.profile", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/profiles/measured.json", help="profile JSON to write")
+    parser.add_argument("--out", default="outputs/profiles/measured.json",
+                        help="profile JSON to write (checked before measuring; never overwritten without --force)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     parser.add_argument("--quick", action="store_true", help="small buffers (about 20 s on 2 cores)")
     parser.add_argument("--name", default=None, help="profile name (default: measured-<host>)")
     args = parser.parse_args(argv)
+    out = Path(args.out).expanduser()
+    check_out(out, args.force)  # an unwritable or existing --out fails now, not after minutes of measuring
+    existed = out.exists()
     name = args.name or f"measured-{(platform.node() or 'host').split('.')[0]}"
     cfg = ProfileConfig.quick() if args.quick else ProfileConfig()
     profile = build_profile(cfg, name, args.quick)
-    from hybridgen.perfmodel import profile_from_dict
+    from hybridgen.perf import profile_from_dict
 
     profile_from_dict(profile, where="measured profile")  # the file must load like a shipped one
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile, indent=2) + "\n")
-    print(f"wrote {out} ({profile['host_info']['elapsed_s']} s)\n{_summary(profile)}")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(profile, indent=2) + "\n")
+    os.replace(tmp, out)  # atomic: an interrupted write never leaves half a profile
+    replaced = " (replaced the existing file: --force)" if existed else ""
+    print(f"wrote {out}{replaced} ({profile['host_info']['elapsed_s']} s)\n{_summary(profile)}")
     return 0
 
 

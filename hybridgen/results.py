@@ -2,24 +2,40 @@
 
 Layout::
 
-    results/<exp>/<run-name>/config.yaml    resolved configuration
-                             metrics.json   everything measured (see experiments/runner.py)
-                             trace.json     scheduler trace (when the method has one)
-                             DONE           marker written last, inside the temp dir
-    results/<exp>/summary.csv (+ .parquet)  one row per finished run (``aggregate``)
+    <results_dir>/<exp>/<run-name>/config.yaml    resolved configuration
+                                   metrics.json   everything measured (see experiments/runner.py)
+                                   trace.json     scheduler trace (when the method has one)
+                                   DONE           marker written last, inside the temp dir
+    <results_dir>/<exp>/summary.csv (+ .parquet)  one row per finished run (``aggregate``)
 
-A run is written into ``results/<exp>/.tmp-<name>-<host>-<pid>/`` and renamed into place
-only when complete, so a killed run leaves no finished-looking directory and a re-run of the
-sweep completes exactly the missing runs. Replacing a finished run needs ``force`` and is
-announced. Stale temp dirs of dead processes on this host are removed on the next run.
+``results_dir`` defaults to ``outputs/`` (ad-hoc runs stay out of the committed tree); the
+committed ``results/`` is written only by explicit ``make`` targets (``make quickstart``,
+``make results EXP=...``).
 
-The run name encodes the configuration: ``<model>__<method>[-<key params>]__b<batch>-p<prompt>
--g<gen>-<source>__s<seed>__<hash>`` where the 8-hex hash covers every field that identifies
-the run (so two configs never share a directory even when the readable part is equal).
+A run is written into ``<exp>/.tmp-<name>-<host>-<pid>/`` and renamed into place only when
+complete, so a killed run leaves no finished-looking directory and a re-run of the sweep
+completes exactly the missing runs. Stale temp dirs of dead processes on this host are
+removed on the next run.
+
+One run at a time: every run holds an exclusive lock (``flock`` on ``<exp>/.lock-<name>``,
+released by the kernel when the process dies) from its skip check to its rename, so a second
+identical run started meanwhile waits, then finds the run finished and skips it. Replacing a
+finished run needs ``force`` and is announced; nothing is ever replaced without it.
+
+A run directory with a ``DONE`` marker whose ``metrics.json`` is missing or not a JSON object
+is *damaged*: it counts as unfinished (a re-run redoes it and says so), and aggregation names
+the file it skipped.
+
+The run name encodes the configuration: ``<model>[-<weights>]__<method>[-<key params>]__b<batch>
+-p<prompt>-g<gen>-<source>__<device>-<dtype>-L<layers>__s<seed>__<hash>`` where ``<device>`` is
+the realized hardware (the CUDA device name, or ``cpu-emulated``) and the 8-hex hash covers
+every field that identifies the run (so two configs never share a directory even when the
+readable part is equal).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -27,9 +43,11 @@ import os
 import re
 import shutil
 import socket
+import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from hybridgen.errors import ConfigError
 
@@ -64,11 +82,12 @@ def config_hash(identity: Mapping[str, Any]) -> str:
 
 def run_name(model: str, weights: str, method: str, key_params: Mapping[str, Any], batch: int,
              prompt_len: int, gen_len: int, source: str, seed: int,
-             identity: Mapping[str, Any], extra: str = "") -> str:
+             identity: Mapping[str, Any], extra: str = "", hardware: str = "") -> str:
     """The directory name of one run (see module docstring).
 
     key_params: the method parameters worth reading in the name (e.g. those that differ from
     the method's defaults, and budgets). identity: everything that identifies the run.
+    hardware: the realized hardware part, e.g. ``cpu-emulated-fp32-L30`` (empty: left out).
     """
     model_part = slug(Path(model).name if os.sep in model else model, 40)
     if weights != "real":
@@ -80,8 +99,55 @@ def run_name(model: str, weights: str, method: str, key_params: Mapping[str, Any
     parts = [model_part, slug(meth, 120), work]
     if extra:
         parts.append(slug(extra, 40))
+    if hardware:
+        parts.append(slug(hardware, 60))
     parts += [f"s{seed}", config_hash(identity)]
     return "__".join(parts)
+
+
+def hardware_part(device: str, dtype: str, num_layers: int) -> str:
+    """Readable realized-hardware fragment of a run name: ``<device>-<dtype>-L<layers>``."""
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(dtype), str(dtype))
+    return f"{slug(device, 40)}-{short}-L{int(num_layers)}"
+
+
+# ----------------------------------------------------------------------------- checks
+def check_writable(root: os.PathLike | str) -> None:
+    """One-line ConfigError unless results can be written under ``root``; creates nothing.
+
+    The nearest existing ancestor must be a directory in which a file can be created (tried
+    with a temporary file that is removed at once; permission bits alone do not tell for root
+    or for read-only mounts).
+    """
+    path = Path(root).expanduser()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"results_dir={root}: {probe} is a file, not a directory; choose another results_dir=DIR")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".hybridgen-write-test-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise ConfigError(f"results_dir={root} is not writable (cannot create a file in {probe}: {why}); "
+                          "choose a writable results_dir=DIR") from None
+
+
+def _metrics_problem(run_dir: Path) -> Optional[str]:
+    """None when ``run_dir/metrics.json`` is a readable JSON object, else what is wrong with it."""
+    path = run_dir / METRICS
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"{path} is not valid JSON ({first})"
+    if not isinstance(data, dict):
+        return f"{path} holds a {type(data).__name__}, not a JSON object"
+    return None
 
 
 # ----------------------------------------------------------------------------- store
@@ -100,6 +166,21 @@ def _host() -> str:
     return slug(socket.gethostname(), 30).replace("-", "_")
 
 
+def _lock_name(name: str) -> str:
+    """``.lock-<name>``, shortened with a hash when the name is long (file names stop at 255 bytes)."""
+    if len(name) <= 200:
+        return f".lock-{name}"
+    return f".lock-{name[:180]}-{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+
+
+#: lock files this process holds -> nesting depth (``locked`` is re-entrant within a process)
+_HELD: Dict[str, int] = {}
+
+
+def _stderr_log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 class ResultsStore:
     """The results of one experiment: ``<root>/<exp>/``."""
 
@@ -111,17 +192,41 @@ class ResultsStore:
     def run_dir(self, name: str) -> Path:
         return self.exp_dir / name
 
-    def is_done(self, name: str) -> bool:
-        d = self.run_dir(name)
-        return (d / DONE).is_file() and (d / METRICS).is_file()
+    def state(self, name: str) -> Tuple[str, str]:
+        """('done' | 'missing' | 'damaged' | 'foreign', why) of run ``name``.
 
-    def finished_runs(self) -> List[Path]:
-        """Directories of every finished run of this experiment, sorted by name."""
+        damaged: DONE present but metrics.json missing or unreadable (counts as unfinished);
+        foreign: a directory without DONE (never left by this store: not ours to replace).
+        """
+        d = self.run_dir(name)
+        if not d.exists():
+            return "missing", ""
+        if not (d / DONE).is_file():
+            return "foreign", f"{d} exists but holds no finished run"
+        problem = _metrics_problem(d)
+        return ("damaged", problem) if problem else ("done", "")
+
+    def is_done(self, name: str) -> bool:
+        return self.state(name)[0] == "done"
+
+    def _run_dirs(self) -> List[Path]:
         if not self.exp_dir.is_dir():
             return []
         return sorted(d for d in self.exp_dir.iterdir()
-                      if d.is_dir() and not d.name.startswith(".") and (d / DONE).is_file()
-                      and (d / METRICS).is_file())
+                      if d.is_dir() and not d.name.startswith(".") and (d / DONE).is_file())
+
+    def finished_runs(self) -> List[Path]:
+        """Directories of every finished run of this experiment (damaged ones left out), sorted by name."""
+        return [d for d in self._run_dirs() if _metrics_problem(d) is None]
+
+    def damaged_runs(self) -> List[Tuple[Path, str]]:
+        """(directory, what is wrong) of every run with a DONE marker but no readable metrics.json."""
+        out = []
+        for d in self._run_dirs():
+            problem = _metrics_problem(d)
+            if problem:
+                out.append((d, problem))
+        return out
 
     def clean_stale(self) -> List[Path]:
         """Remove temp dirs left by killed runs of dead processes on this host; return them."""
@@ -137,38 +242,98 @@ class ResultsStore:
         return removed
 
     @contextlib.contextmanager
-    def writing(self, name: str, force: bool = False, log=print) -> Iterator[Path]:
+    def locked(self, name: str, log: Callable[[str], None] = _stderr_log) -> Iterator[None]:
+        """Hold the exclusive lock of run ``name`` (waits, saying so once, while another process holds it).
+
+        Re-entrant within one process. The lock file is removed on release; a waiter that
+        got the lock on a file already removed retries on the new one (inode check), so two
+        processes never both believe they hold it. Directories this call created are removed
+        again when they are left empty (a failed run writes nothing).
+        """
+        import fcntl
+
+        path = self.exp_dir / _lock_name(name)
+        key = str(path.absolute())
+        if key in _HELD:
+            _HELD[key] += 1
+            try:
+                yield
+            finally:
+                _HELD[key] -= 1
+            return
+        made = [p for p in (self.root, self.exp_dir) if not p.exists()]
+        self.exp_dir.mkdir(parents=True, exist_ok=True)
+        announced = False
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    os.close(fd)
+                    raise
+                if not announced:
+                    log(f"waiting: another process is running {self.run_dir(name)}")
+                    announced = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed this file on release: lock the current one
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            os.close(fd)  # closing releases the flock
+            for p in reversed(made):
+                with contextlib.suppress(OSError):
+                    p.rmdir()  # only when empty
+
+    @contextlib.contextmanager
+    def writing(self, name: str, force: bool = False, log: Callable[[str], None] = print) -> Iterator[Path]:
         """Yield a fresh temp dir for run ``name``; on normal exit mark it DONE and move it into place.
 
-        An exception (or a kill) leaves nothing at the final path. A finished run at the final
-        path is replaced only with ``force`` (announced through ``log``); an unfinished directory
-        there (not ours: we never leave one) is an error naming the fix.
+        Holds the run's lock throughout (see :meth:`locked`). An exception (or a kill) leaves
+        nothing at the final path. A finished run at the final path is replaced only with
+        ``force`` (announced through ``log``); a damaged one (DONE but no readable metrics) is
+        redone and announced; an unfinished directory there (not ours: we never leave one) is
+        an error naming the fix.
         """
         final = self.run_dir(name)
-        if final.exists() and not self.is_done(name):
-            raise ConfigError(f"{final} exists but holds no finished run; remove it and re-run")
-        if final.exists() and not force:
-            raise ConfigError(f"{final} is already finished; pass force=true to replace it")
-        self.exp_dir.mkdir(parents=True, exist_ok=True)
-        host = _host()
-        tmp = self.exp_dir / f".tmp-{name[:60]}-{host}-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        try:
-            yield tmp
-            (tmp / DONE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
-            if final.exists():
-                old = self.exp_dir / f".replaced-{name[:60]}-{os.getpid()}"
-                os.rename(final, old)
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-                log(f"replaced finished run {final} (force=true)")
-            else:
-                os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with self.locked(name, log=log):
+            state, why = self.state(name)
+            if state == "foreign":
+                raise ConfigError(f"{why}; remove it and re-run")
+            if state == "done" and not force:
+                raise ConfigError(f"{final} is already finished; pass force=true to replace it")
+            host = _host()
+            tmp = self.exp_dir / f".tmp-{name[:60]}-{host}-{os.getpid()}"
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+            try:
+                yield tmp
+                (tmp / DONE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+                if final.exists():
+                    old = self.exp_dir / f".replaced-{name[:60]}-{os.getpid()}"
+                    os.rename(final, old)
+                    os.rename(tmp, final)
+                    shutil.rmtree(old, ignore_errors=True)
+                    if state == "done":
+                        log(f"replaced finished run {final} (force=true)")
+                    else:
+                        log(f"re-ran damaged run {final} ({why})")
+                else:
+                    os.rename(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
 
 
 # ----------------------------------------------------------------------------- json helpers
@@ -205,86 +370,9 @@ def write_json(path: Path, data: Any) -> None:
 def load_run(run_dir: os.PathLike | str) -> Dict[str, Any]:
     """metrics.json of a finished run, with its directory name under 'run.dir'."""
     d = Path(run_dir)
+    problem = _metrics_problem(d)
+    if problem:
+        raise ConfigError(f"{problem}; delete {d} and re-run the experiment to redo it")
     data = json.loads((d / METRICS).read_text())
     data.setdefault("run", {})["dir"] = d.name
     return data
-
-
-# ----------------------------------------------------------------------------- aggregation
-def flatten(data: Mapping[str, Any], prefix: str = "", skip: Sequence[str] = ()) -> Dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; lists become JSON text (except long ones: skipped)."""
-    out: Dict[str, Any] = {}
-    for key, val in data.items():
-        full = f"{prefix}{key}"
-        if full in skip:
-            continue
-        if isinstance(val, Mapping):
-            out.update(flatten(val, full + ".", skip))
-        elif isinstance(val, list):
-            if len(val) <= 64:
-                out[full] = json.dumps(val)
-        else:
-            out[full] = val
-    return out
-
-
-def collect(root: os.PathLike | str, exp: str, skip: Sequence[str] = ("environment.pip",)) -> List[Dict[str, Any]]:
-    """One flat row per finished run of ``exp`` (sorted by run name)."""
-    store = ResultsStore(root, exp)
-    return [flatten(load_run(d), skip=skip) for d in store.finished_runs()]
-
-
-def aggregate(root: os.PathLike | str, exp: str) -> Dict[str, Path]:
-    """Write ``<root>/<exp>/summary.csv`` (and ``summary.parquet`` when pyarrow is present).
-
-    Returns the paths written. No finished run -> a one-line ConfigError naming the fix.
-    """
-    import pandas as pd
-
-    rows = collect(root, exp)
-    store = ResultsStore(root, exp)
-    if not rows:
-        raise ConfigError(f"no finished runs under {store.exp_dir}; run `python experiments/run.py +exp={exp}` first")
-    df = pd.DataFrame(rows)
-    front = [c for c in ("run.name", "model.name", "method.name", "workload.batch", "workload.prompt_len",
-                         "workload.gen_len", "seed") if c in df.columns]
-    df = df[front + [c for c in df.columns if c not in front]]
-    out = {"csv": store.exp_dir / "summary.csv"}
-    tmp = out["csv"].with_suffix(".csv.tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, out["csv"])
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return out
-    pq = store.exp_dir / "summary.parquet"
-    obj_cols = [c for c in df.columns if df[c].dtype == object]
-    df2 = df.copy()
-    for c in obj_cols:  # mixed-type object columns do not convert to arrow
-        df2[c] = df2[c].map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
-    df2.to_parquet(pq.with_suffix(".parquet.tmp"), index=False)
-    os.replace(pq.with_suffix(".parquet.tmp"), pq)
-    out["parquet"] = pq
-    return out
-
-
-# ----------------------------------------------------------------------------- table
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None) -> str:
-    """A plain-text table (right-aligned columns); None shows as '-', floats with 4 significant digits."""
-    if not rows:
-        return "(no runs)"
-    cols = list(columns or rows[0].keys())
-
-    def cell(v: Any) -> str:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v)
-
-    body = [[cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body]
-    return "\n".join(lines)

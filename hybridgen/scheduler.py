@@ -16,6 +16,12 @@ the mean GPU branch time (GPU attention + the rest of the layer) and moves its k
    ``split_step`` tokens when the host is too slow with ratio (and window) at their floors,
    and shrinks by ``split_step`` back toward the configured window when the host is hidden
    with the ratio at its cap; bounded by [min_gpu_window, max_gpu_window].
+4. **streamed fraction** (optional, ``adapt_stream``: HybridGen's three-way split): the share
+   f of a layer's host tokens (its oldest) copied over PCIe instead of scanned. From the
+   measured CPU seconds per scanned token c and copy seconds per streamed token p, the split
+   that makes the CPU branch and the copy equally long is f* = c / (c + p) (CPU time
+   (1 - f) n c = copy time f n p); f moves ``stream_damping`` of the way to f* and stays in
+   [min_stream, max_stream]. A unit with no streamed token yet (no copy rate) keeps f.
 
 Choices where the paper is silent: ``per_layer=False`` (default) keeps one set of knobs for
 all layers and compares the times summed over layers (the unit is named 'all' in the
@@ -52,6 +58,11 @@ class SchedulerConfig:
     min_window: int = 32
     adapt_split: bool = False
     split_step: int = 64
+    adapt_stream: bool = False
+    start_stream: float = 0.1
+    min_stream: float = 0.0
+    max_stream: float = 0.9
+    stream_damping: float = 0.5
 
     def __post_init__(self):
         if not (0 < self.min_ratio <= self.max_ratio <= 1):
@@ -62,6 +73,10 @@ class SchedulerConfig:
             raise ConfigError("scheduler interval and min_window must be >= 1 and split_step >= 0")
         if not (self.grow >= 1 and 0 < self.shrink <= 1 and 0 < self.window_shrink < 1 and self.window_grow > 1):
             raise ConfigError("scheduler factors need grow >= 1, 0 < shrink <= 1, 0 < window_shrink < 1, window_grow > 1")
+        if not (0 <= self.min_stream <= self.start_stream <= self.max_stream < 1 and 0 < self.stream_damping <= 1):
+            raise ConfigError("scheduler stream fractions need 0 <= min_stream <= start_stream <= max_stream < 1 "
+                              f"and 0 < stream_damping <= 1, got {self.min_stream}, {self.start_stream}, "
+                              f"{self.max_stream}, {self.stream_damping}")
 
 
 @dataclass
@@ -69,6 +84,7 @@ class _Knobs:
     ratio: float
     window: Optional[int]  # host scan window (None = every host token)
     gpu_window: int        # the GPU's recent-window size (the split point)
+    stream: float = 0.0    # three-way: fraction of the host tokens streamed over PCIe
 
 
 class FeedbackScheduler:
@@ -88,12 +104,14 @@ class FeedbackScheduler:
         self.min_gpu_window = gpu_window if min_gpu_window is None else min_gpu_window
         self.max_gpu_window = max(self.min_gpu_window, 2 * gpu_window if max_gpu_window is None else max_gpu_window)
         units: List[Unit] = list(range(num_layers)) if self.config.per_layer else ["all"]
-        self.knobs: Dict[Unit, _Knobs] = {u: _Knobs(self.config.start_ratio, None, gpu_window) for u in units}
+        self.knobs: Dict[Unit, _Knobs] = {u: _Knobs(self.config.start_ratio, None, gpu_window, self.config.start_stream)
+                                          for u in units}
         self.host_tokens = host_tokens
         self.step = 0
         self.trace: List[dict] = []
         self._cpu: Dict[Unit, float] = {u: 0.0 for u in units}
         self._gpu: Dict[Unit, float] = {u: 0.0 for u in units}
+        self._flow: Dict[Unit, List[float]] = {u: [0.0, 0.0, 0.0, 0.0] for u in units}  # cpu s, scanned, copy s, streamed
         self._steps_in_window = 0
 
     # ----------------------------------------------------------------- queries
@@ -110,6 +128,10 @@ class FeedbackScheduler:
     def gpu_window(self, layer: int) -> int:
         return self.knobs[self._unit(layer)].gpu_window
 
+    def stream_fraction(self, layer: int) -> float:
+        """Share of the host tokens (the oldest) the three-way split streams to the GPU."""
+        return self.knobs[self._unit(layer)].stream
+
     def set_host_tokens(self, n: int) -> None:
         self.host_tokens = n
 
@@ -119,6 +141,15 @@ class FeedbackScheduler:
         u = self._unit(layer)
         self._cpu[u] += cpu_s
         self._gpu[u] += gpu_s
+
+    def record_stream(self, layer: int, cpu_s: float, scanned: int, copy_s: float, streamed: int) -> None:
+        """One layer's three-way flows at the current step: CPU branch seconds over ``scanned``
+        host tokens, copy seconds over ``streamed`` tokens (for ``adapt_stream``)."""
+        f = self._flow[self._unit(layer)]
+        f[0] += cpu_s
+        f[1] += scanned
+        f[2] += copy_s
+        f[3] += streamed
 
     def end_step(self) -> List[dict]:
         """Close a decode step; every ``interval`` steps decide and return the decisions made."""
@@ -134,9 +165,28 @@ class FeedbackScheduler:
                 continue  # nothing measured for this unit (e.g. no host tokens yet)
             made.extend(self._decide(u, knobs, cpu, gpu))
             self._cpu[u] = self._gpu[u] = 0.0
+        if self.config.adapt_stream:
+            for u, knobs in self.knobs.items():
+                made.extend(self._balance_stream(u, knobs, *self._flow[u]))
+                self._flow[u] = [0.0, 0.0, 0.0, 0.0]
         self._steps_in_window = 0
         self.trace.extend(made)
         return made
+
+    def _balance_stream(self, u: Unit, kn: _Knobs, cpu_s: float, scanned: float, copy_s: float,
+                        streamed: float) -> List[dict]:
+        """Move the streamed fraction toward f* = c / (c + p) (module docstring, rule 4)."""
+        c = self.config
+        if scanned <= 0 or streamed <= 0 or cpu_s <= 0 or copy_s <= 0:
+            return []  # no rate measured on one side yet
+        per_scan, per_copy = cpu_s / scanned, copy_s / streamed
+        target = per_scan / (per_scan + per_copy)
+        old = kn.stream
+        kn.stream = min(c.max_stream, max(c.min_stream, old + c.stream_damping * (target - old)))
+        if kn.stream == old:
+            return []
+        return [{"step": self.step, "layer": u, "cpu_s": cpu_s, "gpu_s": copy_s, "knob": "stream_ratio",
+                 "old": old, "new": kn.stream, "target": target}]
 
     def _decide(self, u: Unit, kn: _Knobs, cpu: float, gpu: float) -> List[dict]:
         c = self.config

@@ -39,35 +39,46 @@ def score_cols(df):
     return out
 
 
+def method_label(row):
+    ratio = row.get("method.params.topk_ratio")
+    return row["method.name"] + (f" (topk {ratio:g})" if isinstance(ratio, float) and ratio == ratio else "")
+
+
 if acc is not None:
-    cols = score_cols(acc)
-    table = pd.DataFrame({"method": acc["method.name"] + acc["method.params.topk_ratio"].map(
-        lambda v: f" (topk {v:g})" if isinstance(v, float) and v == v else "") if "method.params.topk_ratio" in acc
-        else acc["method.name"]})
-    for task, c in cols:
-        table[task] = acc[c].values
+    from hybridgen.eval import paired
+
+    # per-item scores of every run: paired comparison against `full` on the same items
+    item_runs = {}
+    for d in plotdata.run_dirs("accuracy"):
+        m = plotdata.load_json(d / "metrics.json")
+        row = {"method.name": m["method"]["name"], "method.params.topk_ratio": m["method"]["params"].get("topk_ratio")}
+        if (d / "samples.jsonl").exists():
+            item_runs[method_label(row)] = paired.item_scores(d / "samples.jsonl")
+    comparisons = paired.compare(item_runs, "full", margin=0.02)
+    order = ["full"] + sorted(k for k in item_runs if k != "full")
+    paired_md = paired.markdown(comparisons, "full", margin=0.02, order=order)
+    # what has no per-item 0/1 score: perplexity and fidelity of the decode-scored tokens
+    table = pd.DataFrame({"method": [method_label(r) for _, r in acc.iterrows()]})
+    for task, c in score_cols(acc):
+        if "ppl" in task:
+            table[task] = acc[c].values
     table["top1 vs full"] = acc.get("fidelity.top1_agreement")
     table["KL vs full"] = acc.get("fidelity.mean_kl")
-    full = table[table["method"] == "full"]
-    if len(full):
-        for task, _ in cols:
-            ref = float(full[task].iloc[0])
-            if "ppl" in task:
-                continue
-            table[f"Δ{task}"] = table[task] - ref
     table = table.sort_values("method", key=lambda m: m.map(lambda x: (x != "full", x))).reset_index(drop=True)
+    print(paired_md)
     print(table.to_string())
     md = plotdata.results_dir() / "accuracy" / "table.md"
     limit = acc["lm_eval.limit"].iloc[0] if "lm_eval.limit" in acc else None
     header = (f"Accuracy of every method vs `full` ({acc['model.name'].iloc[0]}, lm-eval {limit} items per task "
-              "where the task has that many; multiple choice: acc_norm; needle: exact match; perplexity: word "
-              "perplexity; continuations scored by teacher-forced decode steps through each method).\n\n"
+              "where the task has that many; multiple choice: acc_norm; needle: exact match; continuations scored "
+              "by teacher-forced decode steps through each method).\n\n"
               "Command: `python experiments/run.py +exp=accuracy` then `make figures`.\n\n")
     try:
-        body = table.to_markdown(index=False, floatfmt=".4f")
+        extra = table.to_markdown(index=False, floatfmt=".4f")
     except ImportError:  # tabulate missing
-        body = "```\n" + table.to_string(index=False) + "\n```"
-    md.write_text(header + body + "\n")
+        extra = "```\n" + table.to_string(index=False) + "\n```"
+    md.write_text(header + paired_md + "\n\nPerplexity (word perplexity, lower is better) and fidelity of every "
+                  "decode-scored token to the dense pass:\n\n" + extra + "\n")
     print(f"wrote {md}")
 
 # %%

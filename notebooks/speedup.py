@@ -49,7 +49,7 @@ if df is not None:
 
 # %% [markdown]
 # ## Projected at the paper's template (`+exp=speedup_projected`)
-# The performance model (hybridgen/perfmodel.py) on datasheet hardware profiles: OPT-13B, prompt
+# The performance model (hybridgen/perf/) on datasheet hardware profiles: OPT-13B, prompt
 # 1920, 128 new tokens, batch 20. PROJECTED, not measured; hatched bars: the method's KV does not
 # fit in that GPU's memory (it could not run as modelled).
 

@@ -1,10 +1,9 @@
-"""Baseline helpers: int4 quantization bound, prefetcher fallback, attention helpers, accounting."""
+"""Baseline helpers: int4 quantization bound, attention helpers, accounting."""
 import pytest
 import torch
 
 from baselines import quant
 from baselines.common import TierBuffer, attend_with_new, causal_attention_colsum, held_bytes_by_tier
-from baselines.prefetch import Prefetcher, cuda_streams_available
 from hybridgen.attention import dense_attention_reference
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment, TieredStore
@@ -40,32 +39,6 @@ def test_int4_bytes_and_bad_group():
     assert codes.numel() * codes.element_size() == 4 * 32
     with pytest.raises(ConfigError):
         quant.quantize(x, 63)
-
-
-def test_prefetcher_cpu_fallback_copies_into_preallocated_buffers():
-    pf = Prefetcher(torch.device("cpu"))
-    assert not pf.async_mode
-    src = torch.randn(2, 3, 10, 4)[:, :, :7]  # strided, like a partly filled segment
-    dst = torch.zeros(2, 3, 10, 4)
-    n = pf.start("l1", [(dst[:, :, :7], src)])
-    assert n == src.numel() * 4 and pf.pending("l1")
-    pf.wait("l1")
-    assert not pf.pending("l1")
-    assert torch.equal(dst[:, :, :7], src) and bool((dst[:, :, 7:] == 0).all())
-    pf.reuse("any")  # no-op without CUDA
-    pf.drain()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_prefetcher_cuda_stream_path():
-    pf = Prefetcher(torch.device("cuda"))
-    assert pf.async_mode and cuda_streams_available(torch.device("cuda"))
-    src = torch.randn(2, 3, 10, 4).pin_memory()
-    dst = torch.zeros(2, 3, 10, 4, device="cuda")
-    pf.start(0, [(dst[:, :, :7], src[:, :, :7])], buffer="s")
-    pf.wait(0)
-    pf.reuse("s")
-    assert torch.equal(dst[:, :, :7].cpu(), src[:, :, :7])
 
 
 @pytest.mark.parametrize("G", [1, 3])

@@ -2,23 +2,21 @@
 import pytest
 import torch
 
-from baselines.flexgen import FlexGen, FlexGenPolicy
+from baselines.flexgen import FlexGen
 from hybridgen.errors import ConfigError
 from hybridgen.methods import build_method
 from tests._baselines_cases import make_ctx, rel_err, run_method
 
 
-@pytest.mark.parametrize("gpu,cpu", [(50, 60), (-10, 110), (101, -1), (30, 30), ("half", 50)])
-def test_policy_is_validated(gpu, cpu):
-    with pytest.raises(ConfigError):
-        FlexGenPolicy(gpu, cpu)
-    with pytest.raises(ConfigError):
-        build_method("flexgen", gpu_percent=gpu, cpu_percent=cpu)
+@pytest.mark.parametrize("gpu_budget", [-0.1, 1.5, "half", True, 1])
+def test_gpu_budget_is_validated(gpu_budget):
+    with pytest.raises(ConfigError, match="gpu_budget"):
+        build_method("flexgen", gpu_budget=gpu_budget)
 
 
 def test_policy_and_options():
-    assert FlexGenPolicy(25, 75).gpu_tokens(100) == 25
-    assert FlexGenPolicy().gpu_tokens(100) == 0
+    assert FlexGen(gpu_budget=0.25).gpu_budget.resolve(100) == 25
+    assert FlexGen().gpu_budget.resolve(100) == 0
     with pytest.raises(ConfigError):
         build_method("flexgen", attention_on="tpu")
     with pytest.raises(ConfigError):
@@ -99,6 +97,6 @@ def test_cpu_attention_ships_q_and_output_not_kv():
 
 def test_gpu_share_of_the_policy():
     B, Hq, Hkv, D, T, steps = 1, 2, 1, 8, 20, 5
-    m = FlexGen(gpu_percent=40, cpu_percent=60)
+    m = FlexGen(gpu_budget=0.4)
     run_method(m, (B, Hq, Hkv, D, T), steps, 0)
     assert m.n_gpu == 10 and m.gpu[0].length == 10 and m.host[0].length == T + steps - 10

@@ -9,14 +9,31 @@ from hybridgen.errors import ConfigError
 from hybridgen.methods import Budget, build_method
 from tests._baselines_cases import left_padding, rel_err, run_method
 
+# Tokens the budget allows at context T, T+1, ..., T+6, worked out by hand (not by Budget.resolve):
+# a ratio keeps ceil(ratio * n), a token count keeps min(tokens, n).
+#   0.4  x 12..18 = 4.8 5.2 5.6 6.0 6.4 6.8 7.2    -> 5 6 6 6 7 7 8
+#   0.4  x 20..26 = 8.0 8.4 8.8 9.2 9.6 10.0 10.4  -> 8 9 9 10 10 10 11
+#   0.25 x 12..18 = 3.0 3.25 3.5 3.75 4.0 4.25 4.5 -> 3 4 4 4 4 5 5
+#   0.25 x 20..26 = 5.0 5.25 5.5 5.75 6.0 6.25 6.5 -> 5 6 6 6 6 7 7
+#   7t and 5t: every context here is >= 12 tokens, so 7 and 5
+ALLOWED_BY_CONTEXT = {
+    (Budget(ratio=0.4), 12): [5, 6, 6, 6, 7, 7, 8],
+    (Budget(ratio=0.4), 20): [8, 9, 9, 10, 10, 10, 11],
+    (Budget(ratio=0.25), 12): [3, 4, 4, 4, 4, 5, 5],
+    (Budget(ratio=0.25), 20): [5, 6, 6, 6, 6, 7, 7],
+    (Budget(tokens=7), 12): [7] * 7, (Budget(tokens=7), 20): [7] * 7,
+    (Budget(tokens=5), 12): [5] * 7, (Budget(tokens=5), 20): [5] * 7,
+}
 
-def _reference_h2o(prompt, decode_inputs, valid, budget: Budget, recent_fraction, scale, Hkv):
+
+def _reference_h2o(prompt, decode_inputs, valid, allowed: list, recent_fraction, scale, Hkv):
     """Plain-Python H2O from its definition, per (batch, KV head): returns per step the kept
-    position sets and the outputs [B, Hq, 1, D]."""
+    position sets and the outputs [B, Hq, 1, D]. ``allowed[i]``: tokens the budget allows at
+    context T + i (i = 0 .. len(decode_inputs))."""
     q, k, v = prompt
     B, Hq, T, D = q.shape
     G = Hq // Hkv
-    keep = budget.resolve(T)
+    keep = allowed[0]
     recent = recent_count(keep, recent_fraction)
     caches = {}
     for b in range(B):
@@ -54,7 +71,7 @@ def _reference_h2o(prompt, decode_inputs, valid, budget: Budget, recent_fraction
                 for j, pj in zip(pos, psum[:-1]):
                     cache[j][2] += float(pj)
                 new_entry = [kn[b, h, 0], vn[b, h, 0], float(psum[-1]), True]
-                bt = budget.resolve(t + 1)
+                bt = allowed[step + 1]  # context t + 1 = T + step + 1
                 if len(cache) + 1 <= bt:
                     cache[t] = new_entry
                     continue
@@ -86,7 +103,8 @@ def test_h2o_matches_reference_definition(seed):
 
     run = run_method(method, (B, Hq, Hkv, D, T), steps, seed, valid, layers=1, after_step=after)
     dec = [(r.q, r.k[:, :, -1:], r.v[:, :, -1:]) for r in run.records]
-    ref_sets, ref_outs = _reference_h2o(run.prompt[0], dec, valid, budget, frac, run.ctx.scale, Hkv)
+    allowed = ALLOWED_BY_CONTEXT[budget, T]
+    ref_sets, ref_outs = _reference_h2o(run.prompt[0], dec, valid, allowed, frac, run.ctx.scale, Hkv)
     for step in range(steps):
         assert kept_by_step[step] == ref_sets[step], step
         assert rel_err(run.records[step].out, ref_outs[step]) < 1e-5
@@ -96,16 +114,20 @@ def test_h2o_budget_recent_window_and_top_scores_every_step():
     B, Hq, Hkv, D, T = 2, 6, 2, 16, 60
     budget = Budget(ratio=0.2)
     T_steps = 12
+    # tokens allowed after step s (context T + s + 1 = 61..72), by hand: 0.2 x 61..72 =
+    # 12.2 12.4 12.6 12.8 13.0 | 13.2 13.4 13.6 13.8 14.0 | 14.2 14.4 -> ceil: 13 x5, 14 x5, 15 x2
+    allowed = [13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 15, 15]
+    capacity = 15  # the budget at the longest context, 72: ceil(14.4) = 15
     seen = []
 
     def after(m, step):
         t = T + step
-        bt = budget.resolve(t + 1)
+        bt = allowed[step]
         for layer in range(2):
             seg, _, ps = m.cache[layer], m.scores[layer].t, m.pos[layer].t
             n = seg.length
             assert n <= bt  # budget respected
-            assert seg.capacity == budget.resolve(T + T_steps)  # memory bounded, never regrown
+            assert seg.capacity == capacity  # memory bounded, never regrown
             r = recent_count(bt, m.recent_fraction)
             for b in range(B):
                 for h in range(Hkv):
@@ -118,7 +140,7 @@ def test_h2o_budget_recent_window_and_top_scores_every_step():
     assert len(seen) == T_steps and method.stats["evicted"] > 0
     # the memory held is the budget, not the context
     gpu = run.ctx.store["gpu"].bytes_by_owner()
-    assert gpu["layer0/kv/k"] == B * Hkv * budget.resolve(T + T_steps) * D * 4
+    assert gpu["layer0/kv/k"] == B * Hkv * capacity * D * 4
 
 
 def test_h2o_prefill_keeps_top_accumulated_scores():
@@ -129,7 +151,7 @@ def test_h2o_prefill_keeps_top_accumulated_scores():
     run = run_method(method, (B, Hq, Hkv, D, T), 0, 7, layers=1)
     q, k, v = run.prompt[0]
     acc = group_reduce(causal_attention_colsum(q, k, run.ctx.scale, None, chunk=T), Hkv, "sum")
-    keep = Budget(ratio=0.3).resolve(T)
+    keep = 15  # 0.3 x 50 = 15.0 -> 15 kept
     r = recent_count(keep, 0.4)
     top = torch.topk(acc[..., : T - r], keep - r, dim=-1).indices
     kept = method.pos[0].t[:, :, :keep]

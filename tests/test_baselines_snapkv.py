@@ -10,6 +10,15 @@ from hybridgen.errors import ConfigError
 from hybridgen.methods import Budget, build_method
 from tests._baselines_cases import left_padding, rel_err, run_method
 
+# Prompt tokens kept for a prompt of T tokens, worked out by hand (not by Budget.resolve):
+# ratio 0.4: ceil(0.4 x 30 = 12.0) = 12, ceil(0.4 x 41 = 16.4) = 17; a token count n <= T keeps n.
+KEEP_BY_PROMPT = {
+    (Budget(ratio=0.4), 30): 12, (Budget(ratio=0.4), 41): 17,
+    (Budget(tokens=15), 30): 15, (Budget(tokens=15), 41): 15,
+    (Budget(tokens=4), 30): 4, (Budget(tokens=4), 41): 4,
+    (Budget(tokens=8), 30): 8, (Budget(tokens=8), 41): 8,
+}
+
 
 def _direct_selection(q, k, valid, keep, window, kernel, scale, Hkv):
     """Loops straight from the paper: window votes -> sum -> mean over group -> max-pool.
@@ -50,7 +59,7 @@ def test_snapkv_selection_equals_definition(seed):
     method = SnapKV(budget=budget, window=window, kernel=kernel)
     run = run_method(method, (B, Hq, Hkv, D, T), 0, seed, valid, layers=1)
     q, k, v = run.prompt[0]
-    keep = budget.resolve(T)
+    keep = KEEP_BY_PROMPT[budget, T]
     w = min(window, keep)
     ref = _direct_selection(q, k, valid, keep, window, kernel, run.ctx.scale, Hkv)
     votes = snapkv_votes(q, k, run.ctx.scale, w, kernel, valid)
@@ -77,7 +86,7 @@ def test_snapkv_decode_dense_over_kept_plus_generated_and_budget():
     method = SnapKV(budget=budget, window=8)
     run = run_method(method, (B, Hq, Hkv, D, T), steps, 1, layers=2,
                      after_step=lambda m, s: lengths.append(m.cache[0].length))
-    keep = budget.resolve(T)
+    keep = 20  # 0.25 x 80 = 20.0 -> 20 prompt tokens kept
     # prompt budget respected; generated tokens are appended (the paper compresses the prompt only)
     assert lengths == [keep + s + 1 for s in range(steps)]
     # decode output = dense attention over the kept prompt tokens + every generated token

@@ -46,8 +46,11 @@ class Req:
 
 
 def _lm(engine, **kw):
+    """The adapter with a BOS before every context (the direct computations below assume it; the
+    default, as lm-eval's HF backend, is tested in test_reliability_lm_eval.py)."""
     from hybridgen.eval.lm_eval_model import HybridGenLM
 
+    kw.setdefault("add_bos", True)
     return HybridGenLM(engine=engine, progress=False, **kw)
 
 
@@ -144,9 +147,13 @@ def test_bad_model_args_fail_in_one_line(engine):
         _lm(engine, score_mode="fast")
 
 
-def test_cli_wrapper_adds_our_task_dir_to_the_include_path():
-    from hybridgen.eval.lm_eval_cli import with_include_path
+def test_cli_wrapper_adds_our_task_dir_to_the_include_path(tmp_path):
+    import os
 
-    assert with_include_path(["--tasks", "x"], "/t") == ["--tasks", "x", "--include_path", "/t"]
-    assert with_include_path(["--include_path", "/a"], "/t") == ["--include_path", "/a" + __import__("os").pathsep + "/t"]
-    assert with_include_path(["--include_path=/a"], "/t") == ["--include_path=/a" + __import__("os").pathsep + "/t"]
+    from hybridgen.eval.lm_eval_cli import include_paths
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    assert include_paths(None, "/t") == ["/t"]
+    assert include_paths(str(a), "/t") == [str(a), "/t"]                  # a list: lm-eval reads a str as ONE path
+    assert include_paths(f"{a}{os.pathsep}{b}", "/t") == [str(a), str(b), "/t"]

@@ -65,17 +65,25 @@ def test_command_line_sweep_replaces_the_experiment_sweep():
     assert got == [("full", 1), ("full", 2), ("h2o", 1), ("h2o", 2)]
 
 
-def test_every_registered_method_has_a_conf_whose_params_exist():
-    from hybridgen.methods import _REGISTRY, available_methods, build_method
+def test_method_presets_name_a_method_and_only_override_its_defaults():
+    """A conf/method YAML is a preset: its params exist, are valid, and differ from the dataclass
+    defaults (the dataclass is the one source of defaults)."""
+    from hybridgen.methods import build_method, method_parameters
 
     confs = {p.stem: OmegaConf.load(p) for p in (ROOT / "conf" / "method").glob("*.yaml")}
-    covered = {c.name for c in confs.values()}
-    assert set(available_methods()) <= covered, set(available_methods()) - covered
     for stem, c in confs.items():
         params = OmegaConf.to_container(c.params) or {}
-        fields = {f.name for f in dataclasses.fields(_REGISTRY[c.name]) if f.init}
-        assert set(params) <= fields, (stem, set(params) - fields)
-        build_method(c.name, **params)  # values valid too
+        assert set(params) <= set(method_parameters(c.name)), (stem, set(params) - set(method_parameters(c.name)))
+        defaults = build_method(c.name).config()
+        built = build_method(c.name, **params).config()  # values valid too
+        restated = [k for k in params if built[k] == defaults[k]]
+        assert not restated, f"conf/method/{stem}.yaml restates defaults: {restated}"
+
+
+def test_a_method_runs_without_a_yaml_file():
+    points = sweep.resolve_points(["method.name=quest", "method.params.page_size=8"])
+    (_, cfg), = points
+    assert cfg.method.name == "quest" and cfg.method.params.page_size == 8
 
 
 def test_hardware_profiles_have_capacities_and_cxl_node():

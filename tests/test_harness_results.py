@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hybridgen import results  # noqa: E402
+from hybridgen import result_tables, results  # noqa: E402
 from hybridgen.errors import ConfigError  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -81,7 +81,7 @@ def test_aggregate_and_format_table(tmp_path):
         with store.writing(f"r{i}") as d:
             results.write_json(d / "metrics.json", {"run": {"name": f"r{i}"}, "method": {"name": m},
                                                     "latency": {"prefill_s": 0.5 + i}, "x": [1, 2]})
-    paths = results.aggregate(tmp_path, "exp")
+    paths = result_tables.aggregate(tmp_path, "exp")
     import pandas as pd
 
     df = pd.read_csv(paths["csv"])
@@ -90,8 +90,8 @@ def test_aggregate_and_format_table(tmp_path):
     if "parquet" in paths:
         assert len(pd.read_parquet(paths["parquet"])) == 2
     with pytest.raises(ConfigError, match="no finished runs"):
-        results.aggregate(tmp_path, "empty")
-    table = results.format_table([{"a": 1.23456, "b": None}, {"a": 2, "b": "x"}])
+        result_tables.aggregate(tmp_path, "empty")
+    table = result_tables.format_table([{"a": 1.23456, "b": None}, {"a": 2, "b": "x"}])
     assert table.splitlines()[0].split() == ["a", "b"] and "1.235" in table and "-" in table
 
 

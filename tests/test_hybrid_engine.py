@@ -91,7 +91,7 @@ def test_poor_stand_in_layers_fall_back_to_the_true_query(engine):
     from then on (still exact with top-k 1.0), and its cosine keeps being recorded."""
     ids, mask = _prompt(seed=3)
     ref = engine.generate(ids, "full", max_new_tokens=6, attention_mask=mask, return_logits=True)
-    m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, min_topk=0, min_stand_in_cos=1.01)
+    m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, min_topk=0, min_stand_in_cos=1.0)
     lg = _teacher_forced(engine, m, ids, mask, ref.tokens)
     assert m.stats["speculative_scans"] == 2  # layers 1 and 2 at the first decode step only
     assert all(len(v) == 5 for v in m.trace["cosine"].values())  # still measured at all 5 steps

@@ -4,50 +4,30 @@ import random
 import pytest
 import torch
 
-from baselines.full import Full
+from hybridgen.methods.full import Full
 from hybridgen.attention import dense_attention_reference
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.errors import ConfigError
 from hybridgen.hybrid_exact import HybridExact
-from hybridgen.kv import TieredStore
-from hybridgen.methods import Budget, MethodContext, build_method
+from hybridgen.methods import Budget, build_method
+from hybridgen.testing import Shape, drive, left_padding, method_context
 from tests._attention_cases import GQA_RATIOS, TOL, rel_err
 
 POOL = CPUAttentionPool(workers=1)
 
 
 def _ctx(B, Hq, Hkv, D, T, steps, dtype, layers=2):
-    return MethodContext(num_layers=layers, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, scale=D ** -0.5,
-                         batch_size=B, prompt_len=T, max_new_tokens=steps, dtype=dtype,
-                         compute_device=torch.device("cpu"), store=TieredStore(), pool=POOL, rotary=None,
-                         engine=None)
+    return method_context(Shape(B, Hq, Hkv, D, T), steps, dtype=dtype, layers=layers, pool=POOL)
 
 
 def _run(method, shape, dtype, seed, steps, valid):
-    """Prefill + ``steps`` decode steps over 2 layers with seeded random q/k/v.
+    """Prefill + ``steps`` decode steps over 2 layers with seeded random q/k/v (hybridgen.testing).
 
-    Returns the decode outputs [(layer, step, out)], the full K/V history and the method's
+    Returns the decode outputs [(layer, step, q, out, k_hist, v_hist)] and the method's
     context (its store still holds the method's KV).
     """
-    B, Hq, Hkv, D, T = shape
-    ctx = _ctx(B, Hq, Hkv, D, T, steps, dtype)
-    method.bind(ctx)
-    g = torch.Generator().manual_seed(seed)
-    rnd = (lambda *s: torch.randn(*s, generator=g).to(dtype))
-    hist, outs = [], []
-    for layer in range(ctx.num_layers):
-        q, k, v = rnd(B, Hq, T, D), rnd(B, Hkv, T, D), rnd(B, Hkv, T, D)
-        method.prefill(layer, q, k, v, valid)
-        hist.append([k, v])
-    for step in range(steps):
-        for layer in range(ctx.num_layers):
-            q, k, v = rnd(B, Hq, 1, D), rnd(B, Hkv, 1, D), rnd(B, Hkv, 1, D)
-            out = method.decode(layer, q, k, v)
-            hist[layer][0] = torch.cat([hist[layer][0], k], 2)
-            hist[layer][1] = torch.cat([hist[layer][1], v], 2)
-            outs.append((layer, step, q, out, hist[layer][0].clone(), hist[layer][1].clone()))
-        method.end_step()
-    return outs, ctx
+    run = drive(method, shape, steps, seed=seed, valid=valid, dtype=dtype, pool=POOL)
+    return [(r.layer, r.step, r.q, r.out, r.k, r.v) for r in run.records], run.ctx
 
 
 def _random_shape(gen, seed):
@@ -58,13 +38,6 @@ def _random_shape(gen, seed):
     return (gen.randint(1, 3), Hkv * G, Hkv, gen.choice((8, 16)), T)
 
 
-def _left_padding(gen, B, T):
-    valid = torch.ones(B, T, dtype=torch.bool)
-    for b in range(1, B):
-        valid[b, : gen.randint(0, T - 1)] = False  # keep >= 1 real token per row
-    return valid
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(8))
 def test_hybrid_exact_equals_full_at_every_split(seed, dtype):
@@ -72,7 +45,7 @@ def test_hybrid_exact_equals_full_at_every_split(seed, dtype):
     shape = _random_shape(gen, seed)
     B, Hq, Hkv, D, T = shape
     steps = gen.randint(2, 4)
-    valid = _left_padding(gen, B, T) if seed % 2 else None
+    valid = left_padding(gen, B, T) if seed % 2 else None  # >= 1 real token per row
     full_outs, full_ctx = _run(Full(), shape, dtype, seed, steps, valid)
     budgets = [Budget(tokens=n) for n in range(T + steps + 2)] + [Budget(ratio=r) for r in (0.0, 0.3, 0.5, 1.0)]
     for budget in budgets:

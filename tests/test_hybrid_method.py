@@ -5,59 +5,29 @@ import random
 import pytest
 import torch
 
-from baselines.full import Full
+from hybridgen.methods.full import Full
 from hybridgen.attention import dense_attention_reference
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.errors import ConfigError
-from hybridgen.hybrid import HybridGen, _Stager
-from hybridgen.kv import TieredStore
-from hybridgen.methods import Budget, MethodContext, build_method
+from hybridgen.hybrid import HybridGen
+from hybridgen.methods import Budget, build_method
+from hybridgen.testing import drive, left_padding, method_context
 
 POOL = CPUAttentionPool(workers=1)
 
 
 def _ctx(shape, steps, dtype, layers=2):
-    B, Hq, Hkv, D, T = shape
-    return MethodContext(num_layers=layers, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, scale=D ** -0.5,
-                         batch_size=B, prompt_len=T, max_new_tokens=steps, dtype=dtype,
-                         compute_device=torch.device("cpu"), store=TieredStore(), pool=POOL, rotary=None,
-                         engine=None)
+    return method_context(shape, steps, dtype=dtype, layers=layers, pool=POOL)
 
 
 def _run(method, shape, dtype, seed, steps, valid=None, between_steps=None):
-    """Prefill + decode steps over 2 layers with seeded random q/k/v.
+    """Prefill + decode steps over 2 layers with seeded random q/k/v (hybridgen.testing).
 
     Returns [(layer, step, q, out, k_hist, v_hist)] where the histories hold every token
     the layer saw (prompt + decoded, in order).
     """
-    B, Hq, Hkv, D, T = shape
-    ctx = _ctx(shape, steps, dtype)
-    method.bind(ctx)
-    g = torch.Generator().manual_seed(seed)
-    rnd = (lambda *s: torch.randn(*s, generator=g).to(dtype))
-    hist, outs = [], []
-    for layer in range(ctx.num_layers):
-        q, k, v = rnd(B, Hq, T, D), rnd(B, Hkv, T, D), rnd(B, Hkv, T, D)
-        method.prefill(layer, q, k, v, valid)
-        hist.append([k, v])
-    for step in range(steps):
-        for layer in range(ctx.num_layers):
-            q, k, v = rnd(B, Hq, 1, D), rnd(B, Hkv, 1, D), rnd(B, Hkv, 1, D)
-            out = method.decode(layer, q, k, v)
-            hist[layer][0] = torch.cat([hist[layer][0], k], 2)
-            hist[layer][1] = torch.cat([hist[layer][1], v], 2)
-            outs.append((layer, step, q, out, hist[layer][0], hist[layer][1]))
-        method.end_step()
-        if between_steps is not None:
-            between_steps(method, step)
-    return outs, ctx
-
-
-def _padding(gen, B, T):
-    valid = torch.ones(B, T, dtype=torch.bool)
-    for b in range(1, B):
-        valid[b, : gen.randint(0, T - 1)] = False
-    return valid
+    run = drive(method, shape, steps, seed=seed, valid=valid, dtype=dtype, pool=POOL, after_step=between_steps)
+    return [(r.layer, r.step, r.q, r.out, r.k, r.v) for r in run.records], run.ctx
 
 
 def _max_rel(a, b):
@@ -73,7 +43,7 @@ def test_topk_ratio_one_equals_full(seed, per_head):
     shape = (gen.randint(1, 3), Hkv * gen.choice((1, 2, 4)), Hkv, gen.choice((8, 16)), gen.randint(3, 40))
     B, Hq, _, D, T = shape
     steps = 5
-    valid = _padding(gen, B, T) if seed % 2 else None
+    valid = left_padding(gen, B, T) if seed % 2 else None
     ref, _ = _run(Full(), shape, torch.float32, seed, steps, valid)
     for budget in (Budget(tokens=0), Budget(tokens=3), Budget(ratio=0.1), Budget(ratio=0.5)):
         for backend in ("torch", "numba"):
@@ -106,7 +76,7 @@ def test_partial_selection_equals_dense_softmax_over_selected_set(seed, per_head
     shape = (2, 8, 2, 16, 60)
     B, Hq, Hkv, D, T = shape
     G = Hq // Hkv
-    valid = _padding(gen, B, T) if seed % 2 else None
+    valid = left_padding(gen, B, T) if seed % 2 else None
     checked = []
     m2 = HybridGen(gpu_budget=Budget(tokens=10), sinks=2, topk_ratio=0.2, per_head=per_head, min_topk=0)
     ctx = _ctx(shape, 3, torch.float32)
@@ -197,7 +167,7 @@ def test_scheduler_moves_ratio_and_trace_is_exposed():
 def test_split_moves_keep_topk_one_exact(new_windows):
     """Moving the GPU/host split between steps (scheduler's split knob) loses no token."""
     shape = (2, 4, 2, 8, 30)
-    valid = _padding(random.Random(0), 2, 30)
+    valid = left_padding(random.Random(0), 2, 30)
     ref, _ = _run(Full(), shape, torch.float32, 5, 6, valid)
 
     def move(method, step):
@@ -244,17 +214,6 @@ def test_three_way_topk_one_equals_full_and_counts_streamed_bytes():
     _run(m2, shape, torch.float32, 2, 4)
     # a streamed token costs its K and V rows; a selected one its V row and G logits
     assert m.stats["bytes_h2d"] > m2.stats["bytes_h2d"]
-
-
-def test_stager_cpu_fallback():
-    st = _Stager(torch.device("cpu"))
-    assert not st.cuda and st.buffer(0, "v", 10, torch.float32) is None
-    t = torch.randn(3, 4)
-    out, ev = st.send(0, "v", t)
-    assert ev is None and out.data_ptr() == t.data_ptr()
-    out, ev = st.send(0, "s", t, copy=True)
-    assert out.data_ptr() != t.data_ptr() and torch.equal(out, t)
-    st.wait(None)
 
 
 def test_build_and_config_errors():

@@ -1,28 +1,22 @@
 """Semantic-aware KV mapping: K and V land on the configured tiers (checked in the tier ledger)."""
 import pytest
-import torch
 
 from hybridgen.errors import ConfigError
 from hybridgen.hybrid import HybridGen
 from hybridgen.hybrid_exact import HybridExact
 from hybridgen.kv import TieredStore
 from hybridgen.kv.mapping import MAPPING_POLICIES, MappingPolicy, Placement, kv_bytes_by_tier
-from hybridgen.methods import Budget, MethodContext
+from hybridgen.methods import Budget
+from hybridgen.testing import MethodDriver
 
 B, Hq, Hkv, D, T, L = 1, 4, 2, 8, 40, 4
 
 
 def _prefill(method):
-    store = TieredStore()
-    ctx = MethodContext(num_layers=L, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, scale=D ** -0.5, batch_size=B,
-                        prompt_len=T, max_new_tokens=2, dtype=torch.float32, compute_device=torch.device("cpu"),
-                        store=store)
-    method.bind(ctx)
-    g = torch.Generator().manual_seed(0)
-    for layer in range(L):
-        method.prefill(layer, torch.randn(B, Hq, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g),
-                       torch.randn(B, Hkv, T, D, generator=g), None)
-    return store
+    """Bind (room for 2 decode steps) and prefill L layers on random q/k/v; the run's store (its tier ledger)."""
+    driver = MethodDriver(method, (B, Hq, Hkv, D, T), 2, layers=L)
+    driver.prefill()
+    return driver.ctx.store
 
 
 def _owners(store, tier, suffix):

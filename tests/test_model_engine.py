@@ -6,7 +6,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from baselines.full import Full  # noqa: E402
+from hybridgen.methods.full import Full  # noqa: E402
 from hybridgen.model import Engine, load_model  # noqa: E402
 
 TOL = 1e-4

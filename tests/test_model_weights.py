@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.full import Full
+from hybridgen.methods.full import Full
 from hybridgen.attention import attention_logits
 from hybridgen.model import load_model
 from hybridgen.model.weights import _tile_fill

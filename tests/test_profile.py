@@ -10,7 +10,9 @@ import sys
 import pytest
 import torch
 
-from hybridgen import perfmodel as pm
+from hybridgen import perf as pm
+from hybridgen.errors import ConfigError
+from hybridgen.perf.profiles import _read_raw
 from hybridgen import profile as prof
 
 
@@ -28,7 +30,7 @@ def test_quick_profile_has_the_shipped_schema(measured):
     out, stdout = measured
     assert f"wrote {out}" in stdout
     raw = json.loads(out.read_text())
-    shipped = pm._read_raw("h200-host")
+    shipped = _read_raw("h200-host")
     for section in ("gpu", "link", "host"):
         assert set(shipped[section]) <= set(raw[section]), section
     p = pm.load_profile(str(out))
@@ -54,7 +56,7 @@ def test_quick_profile_records_gpu_as_null_without_cuda(measured):
         return
     assert p.gpu.hbm_gbps is None and p.link.h2d_pinned_gbps is None and p.link.h2d_pageable_gbps is None
     assert "no CUDA" in p.sources["gpu"]
-    with pytest.raises(pm.ConfigError, match="no gpu"):
+    with pytest.raises(ConfigError, match="no gpu"):
         pm.predict_step("full", "llama-3.1-8b", pm.Workload(), p)
 
 

@@ -32,45 +32,137 @@ OpenMP oversubscription that makes it up to 70 ms slower. A second run at load a
 5-7 ranked them the same (threads fastest in 5 of 6 "caller waits" shapes, a 1-thread
 process in 4 of 6 "caller Python" shapes). So the pool uses threads. Rerun the script on
 the target host; on many-core hosts the balance may differ.
+
+This pool is the process's only CPU thread pool of ours: the CPU key scan's numba kernels
+split their work over the same threads (:meth:`CPUAttentionPool.run_split`). Those kernels
+are compiled ``nogil`` and run serially per slice, never under numba's parallel threading
+layer, whose OpenMP clashes with torch's (keep ``NUMBA_THREADING_LAYER=workqueue``;
+docs/design.md, thread-runtime pitfalls).
 """
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import torch
 
+from hybridgen import runtime
 from hybridgen.errors import ConfigError
 
 
+class _Chunk:
+    """One slice [lo, hi) of a split: run once, by whichever thread claims it first."""
+
+    def __init__(self, fn: Callable, args: Tuple, lo: int, hi: int):
+        self.fn, self.args, self.lo, self.hi = fn, args, lo, hi
+        self._claim = threading.Lock()
+
+    def run(self) -> None:
+        if self._claim.acquire(blocking=False):
+            self.fn(*self.args, self.lo, self.hi)
+
+
 class CPUAttentionPool:
-    """A pool of worker threads for host-side attention work.
+    """The process's CPU threads for host-side attention work: ONE executor for two uses.
+
+    - :meth:`submit`: a host task (e.g. a layer's host partial, HybridGen's scan + top-k +
+      gather), at most ``workers`` of them at once, started in submission order.
+    - :meth:`run_split`: a kernel split into slices run in parallel (the nogil numba scan and
+      top-k of :mod:`hybridgen.attention.cpu_scan`), ``split_threads`` slices at most.
 
     workers: concurrent host tasks (default 1: one host partial per layer; each task itself
     uses torch's intra-op threads, ``torch_threads`` of them when given; setting it affects
     only the pool's threads, not the caller's).
+    split_threads: slices of a split, its caller's thread included (default: follow
+    :func:`hybridgen.runtime.scan_threads` at every split, i.e. ``HYBRIDGEN_SCAN_THREADS``,
+    else torch's count). The executor holds ``workers + split_threads - 1`` threads (the
+    count at construction), created on first use and reused: nothing creates a thread per
+    call; slices beyond them wait for a free thread or run on the caller's.
     """
 
-    def __init__(self, workers: int = 1, torch_threads: Optional[int] = None):
+    def __init__(self, workers: int = 1, torch_threads: Optional[int] = None,
+                 split_threads: Optional[int] = None):
         if int(workers) < 1:
             raise ConfigError(f"the CPU attention pool needs >= 1 worker, got {workers}")
         if torch_threads is not None and int(torch_threads) < 1:
             raise ConfigError(f"torch_threads must be >= 1 (or unset), got {torch_threads}")
+        if split_threads is not None and int(split_threads) < 1:
+            raise ConfigError(f"split_threads must be >= 1 (or unset), got {split_threads}")
         self.workers = int(workers)
         self.torch_threads = torch_threads
-        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hg-cpu-attn",
-                                            initializer=self._init_thread)
+        self._split_threads = int(split_threads) if split_threads is not None else None
+        self._executor = ThreadPoolExecutor(max_workers=self.workers + self.split_threads - 1,
+                                            thread_name_prefix="hg-cpu-attn", initializer=self._init_thread)
+        self._lock = threading.Condition()
+        self._queued: Deque[Tuple[Future, Callable, Tuple, dict]] = deque()
+        self._running = 0  # host tasks on the executor now (<= workers)
+
+    @property
+    def split_threads(self) -> int:
+        """Slices per split now (the configured count, else :func:`hybridgen.runtime.scan_threads`)."""
+        return self._split_threads if self._split_threads is not None else runtime.scan_threads()
 
     def _init_thread(self) -> None:
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
 
+    # ------------------------------------------------------------------ host tasks
     def submit(self, fn: Callable, *args, **kwargs) -> Future:
         """Run fn(*args, **kwargs) on a worker; returns a Future (its exception re-raises on result())."""
-        return self._executor.submit(fn, *args, **kwargs)
+        fut: Future = Future()
+        with self._lock:
+            self._queued.append((fut, fn, args, kwargs))
+            self._dispatch()
+        return fut
+
+    def _dispatch(self) -> None:
+        """Start queued host tasks while fewer than ``workers`` run (holding ``_lock``)."""
+        while self._running < self.workers and self._queued:
+            self._running += 1
+            self._executor.submit(self._run_task, self._queued.popleft())
+
+    def _run_task(self, task: Tuple[Future, Callable, Tuple, dict]) -> None:
+        fut, fn, args, kwargs = task
+        try:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller through the Future
+                    fut.set_exception(exc)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._dispatch()
+                self._lock.notify_all()
+
+    # ------------------------------------------------------------------ split kernels
+    def run_split(self, fn: Callable, total: int, *args: Any) -> None:
+        """Run fn(*args, lo, hi) over [0, total) in up to ``split_threads`` slices, in parallel.
+
+        ``fn`` must release the GIL (a nogil numba kernel) and write disjoint outputs per
+        slice. The caller runs slices too (the first, then any no pool thread has started),
+        so a split issued from inside a host task never waits on a busy pool.
+        """
+        n = min(self.split_threads, total)
+        if n <= 1:
+            fn(*args, 0, total)
+            return
+        bounds = [total * i // n for i in range(n + 1)]
+        chunks: List[_Chunk] = [_Chunk(fn, args, bounds[i], bounds[i + 1]) for i in range(n)]
+        futs = [self._executor.submit(c.run) for c in chunks[1:]]
+        for c in chunks:
+            c.run()
+        for f in futs:
+            f.result()
 
     def shutdown(self) -> None:
+        """Finish every submitted task, then stop the threads."""
+        with self._lock:
+            while self._running or self._queued:
+                self._lock.wait()
         self._executor.shutdown(wait=True)
 
 

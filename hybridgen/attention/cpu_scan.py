@@ -1,4 +1,4 @@
-"""HybridGen's CPU branch: GQA-aware key scan, partial top-k, gather of the selected rows.
+"""The CPU key scan API: GQA-aware scan, group scores, partial top-k, gather of selected rows.
 
 Shapes: q [B, Hq, D] (one decode query per head); keys/values [B, Hkv, T, D] as the views a
 :class:`hybridgen.kv.KVSegment` hands out (the rows of one (batch, KV head) contiguous,
@@ -6,71 +6,63 @@ the (batch, head) blocks ``capacity`` rows apart; read in place, never copied); 
 [B, Hkv, T] bool (True = real token) or None; Hq = G * Hkv.
 
 Kernels (``backend``):
+- ``native`` (the default where it builds): the C kernels of
+  :mod:`hybridgen.attention.native` (``native_scan.c``, compiled on first use, AVX2+FMA on
+  x86-64). Lanes run over D; NT tokens per iteration with G*NT vector accumulators (G query
+  heads of a group against one read of each key, each bf16 key vector widened once by a
+  shift / mask of its 32-bit words), horizontal sums of 8 accumulators at once, software
+  prefetch ahead of the stream, fp32 accumulation (``exact=True``). The scan also writes
+  per-(row, 512-token block) softmax statistics so :func:`select` needs no logsumexp pass.
 - ``torch``: one batched matmul of the G query heads of a group against the group's keys in
   the keys' dtype ([B, Hkv, G, D] @ [B, Hkv, D, T]); each key row is read once for the whole
   group. bf16/fp16 keys give logits rounded to that dtype (``exact=False``), so the method
   recomputes the selected logits in fp32 before the softmax.
 - ``numba``: a streaming kernel over the same layout that widens bf16 keys to fp32 in
-  registers (zero-extend + shift of the uint16 bit pattern, an LLVM bit-cast), reads each
-  key row once and feeds it to all G heads of its group (a kernel generated per group size
-  G <= 8 with G accumulators; a generic loop beyond), accumulating in fp32 (``exact=True``).
-  It is compiled ``nogil`` and run serially per call on a small thread pool of our own
-  (work split by (batch, KV head, 512-token block)), never with numba's parallel threading
-  layer, which clashes with torch's OpenMP (docs/design.md, thread-runtime pitfalls; the
-  Makefile also sets ``NUMBA_THREADING_LAYER=workqueue``). fp16 keys are not handled by numba (its CPU float16
-  support is partial) and fall back to ``torch``.
-- top-k: ``torch.topk(sorted=False)`` (a partial selection) or numba ``np.argpartition``
-  per row (introselect); gather: one ``index_select`` over the flattened (row, D) buffer,
-  which can write straight into a pinned staging buffer (``out=``).
+  registers, reads each key row once and feeds it to all G heads of its group
+  (:mod:`hybridgen.attention.scan_kernels`), fp32 accumulation (``exact=True``).
+Every kernel runs serially per slice on the threads of the one CPU pool
+(:meth:`hybridgen.attention.cpu_pool.CPUAttentionPool.run_split`, the ``pool`` argument,
+else the default pool; work split by (batch, KV head, 512-token block)): numba's kernels
+compiled ``nogil``, never under numba's parallel threading layer (docs/design.md,
+thread-runtime pitfalls); the C ones through ctypes, which releases the GIL. fp16 keys are
+scanned by ``torch``.
+- selection: :func:`select` (C: group score + a sampled-threshold radix top-k + the logits at
+  the selection, one pass per row), else ``torch.topk(sorted=False)`` or numba
+  ``np.argpartition``; gather: the C row copy with prefetch, else one ``index_select`` over
+  the flattened (row, D) buffer, either writing straight into a pinned staging buffer.
 
-Choice, measured with ``benchmarks/bench_cpu_scan.py`` on the 2-core development VM (one
-Llama-3.1-8B-shaped layer, batch 2, 16K host tokens, bf16 keys; re-run it on the target
-host, where the balance may differ): the numba bf16 kernel scanned a token about 2x faster
-than torch's bf16 matmul (and faster than fp32 kernels, which read twice the bytes) while
-returning fp32-exact logits, so ``auto`` picks ``numba`` for bf16 and fp32 keys when numba
-imports, else ``torch``. It is still compute-bound here (about half of one core's plain
-read bandwidth): the per-(token, head) horizontal reduction of a row-major [T, D] layout
-is the limit; a token-blocked transposed layout would remove it at the cost of a custom
-segment. torch.topk and numba argpartition were within noise of each other (torch.topk is
-the default); ``index_select`` gathers rows ~30x faster than ``torch.gather`` with an
-expanded index.
+Choice (``auto``): native, else numba, else torch. Measured with
+``benchmarks/bench_cpu_scan.py`` and an interleaved probe on the shared 2-core development VM
+(Llama-3.1-8B layer, bf16 keys, 1 thread): in cache, native 11.3 GB/s of key bytes vs
+numba 9.9 vs torch's bf16 matmul ~1-3 (this CPU has no bf16 dot-product instructions);
+cold (537 MB per copy, batch 8 x 32K tokens), native 5.6 vs numba 5.6 vs torch ~0.9
+(results/cpu_scan/README.md). Re-run it on the target host.
 
 Shared (per KV group) selection scores a token by the max over the group's heads of its
 host-normalised log-probability (logit - logsumexp over the host tokens of that head): a
 token that matters to any head of the group is kept, and heads with larger logit scales do
 not drown the others (the paper is silent; ``group_score='sum'`` gives the plain sum of
 logits used by ``hybridgen.attention.topk_per_group``).
+
+HybridGen's branch built from these (scan + top-k + gather of one layer) is
+:func:`hybridgen.host_branch.host_branch`.
 """
 from __future__ import annotations
 
-import math
-import os
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from hybridgen.attention import native
+from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
+from hybridgen.attention.scan_kernels import HAVE_NUMBA, TOKEN_BLOCK, key_array, scan_kernel, topk_kernel
 from hybridgen.errors import ConfigError
 
 NEG_INF = float("-inf")
-SCAN_BACKENDS = ("auto", "torch", "numba")
-TOKEN_BLOCK = 512  # token rows per numba work item
-MAX_SPECIALISED_GROUP = 8  # GQA group sizes with a generated kernel (larger ones use the generic loop)
-_GROUP_KERNELS: dict = {}
-
-try:  # numba is optional; every path has a torch fallback
-    import numpy as np
-    from llvmlite import ir
-    from numba import njit, types
-    from numba.extending import intrinsic
-
-    _HAVE_NUMBA = True
-except Exception:  # pragma: no cover - exercised only without numba
-    _HAVE_NUMBA = False
-
-
+SCAN_BACKENDS = ("auto", "torch", "numba", "native")
+TOPK_BACKENDS = ("auto", "native", "torch", "numba")
+SELECT_HOW = {"max": 0, "sum": 1, "raw": 2}
 # ------------------------------------------------------------------------------ layout helpers
 def rows_view(x: Tensor) -> Tuple[Tensor, int]:
     """A [B, Hkv, T, D] segment view as (rows [(B*Hkv - 1) * cap + T, D] contiguous, cap).
@@ -88,160 +80,66 @@ def rows_view(x: Tensor) -> Tuple[Tensor, int]:
     return x.view(B * H * T, D), T
 
 
-# ------------------------------------------------------------------------------ numba kernels
-if _HAVE_NUMBA:
-
-    @intrinsic
-    def _bf16_bits_to_f32(typingctx, bits):  # pragma: no cover - compiled
-        """uint16 bf16 bit pattern -> float32 (zero-extend, shift left 16, bit-cast): exact."""
-        sig = types.float32(types.uint16)
-
-        def codegen(context, builder, signature, args):
-            wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
-            return builder.bitcast(wide, ir.FloatType())
-
-        return sig, codegen
-
-    @njit(nogil=True, fastmath=True, cache=True)
-    def _scan_bf16_kernel(q, k, cap, out, scale, T, block, j0, j1):  # pragma: no cover - compiled
-        """q [BH, G, D] f32; k [rows, D] uint16 (bf16 bits; token t of bh at row bh*cap + t); out [BH, G, T] f32.
-
-        Work item j covers (bh, token block). Each key element is widened in registers
-        (no scratch tile: a tile through a uint32 view measured 2x slower) and dotted with
-        the G heads of its group while the row is in L1.
-        """
-        G = q.shape[1]
-        D = k.shape[1]
-        nblk = (T + block - 1) // block
-        for job in range(j0, j1):
-            bh = job // nblk
-            t0 = (job - bh * nblk) * block
-            t1 = min(T, t0 + block)
-            for t in range(t0, t1):
-                row = bh * cap + t
-                for g in range(G):
-                    acc = np.float32(0.0)
-                    for d in range(D):
-                        acc += q[bh, g, d] * _bf16_bits_to_f32(k[row, d])
-                    out[bh, g, t] = acc * scale
-
-    @njit(nogil=True, fastmath=True, cache=True)
-    def _scan_f32_kernel(q, k, cap, out, scale, T, block, j0, j1):  # pragma: no cover - compiled
-        """q [BH, G, D] f32; k [rows, D] f32 (token t of bh at row bh*cap + t); out [BH, G, T] f32."""
-        G = q.shape[1]
-        D = k.shape[1]
-        nblk = (T + block - 1) // block
-        for job in range(j0, j1):
-            bh = job // nblk
-            t0 = (job - bh * nblk) * block
-            t1 = min(T, t0 + block)
-            for t in range(t0, t1):
-                row = bh * cap + t
-                for g in range(G):
-                    acc = np.float32(0.0)
-                    for d in range(D):
-                        acc += q[bh, g, d] * k[row, d]
-                    out[bh, g, t] = acc * scale
-
-    _GROUP_KERNEL_SRC = """
-def kernel(q, k, cap, out, scale, T, block, j0, j1):
-    D = k.shape[1]
-    nblk = (T + block - 1) // block
-    for job in range(j0, j1):
-        bh = job // nblk
-        t0 = (job - bh * nblk) * block
-        t1 = min(T, t0 + block)
-{qrows}
-        for t in range(t0, t1):
-            row = k[bh * cap + t]
-{zero}
-            for d in range(D):
-                kv = {widen}
-{fma}
-{store}
-"""
-
-    def _group_kernel(G: int, bf16: bool):
-        """A scan kernel specialised to G query heads per KV head (G scalar accumulators).
-
-        Each key element is widened once and feeds all G dot products, so LLVM keeps G vector
-        accumulators along D; this measured ~1.4x faster than the generic kernel below, which
-        loops over g and re-reads (and re-widens) the key row for every head.
-        """
-        key = (G, bf16)
-        if key not in _GROUP_KERNELS:
-            ind = " " * 16
-            src = _GROUP_KERNEL_SRC.format(
-                qrows="\n".join(f"        q{g} = q[bh, {g}]" for g in range(G)),
-                zero="\n".join(f"            a{g} = np.float32(0.0)" for g in range(G)),
-                widen="_bf16_bits_to_f32(row[d])" if bf16 else "row[d]",
-                fma="\n".join(f"{ind}a{g} += q{g}[d] * kv" for g in range(G)),
-                store="\n".join(f"            out[bh, {g}, t] = a{g} * scale" for g in range(G)))
-            ns = {"np": np, "_bf16_bits_to_f32": _bf16_bits_to_f32}
-            exec(compile(src, f"<hybridgen scan kernel G={G} bf16={bf16}>", "exec"), ns)  # noqa: S102
-            _GROUP_KERNELS[key] = njit(nogil=True, fastmath=True)(ns["kernel"])
-        return _GROUP_KERNELS[key]
-
-    @njit(nogil=True, cache=True)
-    def _topk_kernel(scores, kk, out, r0, r1):  # pragma: no cover - compiled
-        """scores [R, T] f32 -> out [R, kk] int64 (unsorted top-kk per row)."""
-        T = scores.shape[1]
-        for r in range(r0, r1):
-            part = np.argpartition(-scores[r], kk - 1) if kk < T else np.arange(T)
-            for i in range(kk):
-                out[r, i] = part[i]
-
-
-_executor: Optional[ThreadPoolExecutor] = None
-_executor_threads = 0
-
-
-def _threads() -> int:
-    return max(1, int(os.environ.get("HYBRIDGEN_SCAN_THREADS", torch.get_num_threads())))
-
-
-def _run_split(fn, total: int, *args) -> None:
-    """Run fn(*args, lo, hi) over [0, total) split across the scan threads (nogil kernels)."""
-    global _executor, _executor_threads
-    n = min(_threads(), total)
-    if n <= 1:
-        fn(*args, 0, total)
-        return
-    if _executor is None or _executor_threads != n:
-        if _executor is not None:
-            _executor.shutdown(wait=False)
-        _executor = ThreadPoolExecutor(max_workers=n, thread_name_prefix="hg-scan")
-        _executor_threads = n
-    bounds = [total * i // n for i in range(n + 1)]
-    futs = [_executor.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(n)]
-    for f in futs:
-        f.result()
-
-
 def numba_available() -> bool:
-    return _HAVE_NUMBA
+    """True when numba imports (the ``numba`` scan and top-k backends are usable)."""
+    return HAVE_NUMBA
+
+
+def native_fits(dtype: torch.dtype, G: int, D: int) -> bool:
+    """True when the C kernels run their AVX2 bodies for keys of ``dtype``, group G, head dim D."""
+    if not native.has_avx2() or not 1 <= G <= 8:
+        return False
+    if dtype == torch.bfloat16:
+        return D % 16 == 0 and D <= 512
+    return dtype == torch.float32 and D % 8 == 0
 
 
 def resolve_backend(backend: str, dtype: torch.dtype) -> str:
-    """The scan kernel used for keys of ``dtype`` ('auto' -> numba for bf16/fp32 when available)."""
+    """The scan kernel used for keys of ``dtype``.
+
+    'auto' -> ``native`` (the C kernels) for bf16/fp32 keys when they build and the CPU has
+    AVX2, else ``numba`` when it imports, else ``torch`` (the order measured fastest on this
+    project's machines: ``benchmarks/bench_cpu_scan.py``, results/cpu_scan/README.md). A
+    requested backend that cannot run here falls back the same way.
+    """
     if backend not in SCAN_BACKENDS:
         raise ConfigError(f"unknown scan backend {backend!r}; choose one of: {', '.join(SCAN_BACKENDS)}")
-    numba_ok = _HAVE_NUMBA and dtype in (torch.bfloat16, torch.float32)
-    if backend == "auto":
-        return "numba" if numba_ok else "torch"
+    native_ok = dtype in (torch.bfloat16, torch.float32) and native.has_avx2()
+    numba_ok = HAVE_NUMBA and dtype in (torch.bfloat16, torch.float32)
+    if backend == "auto" or (backend == "native" and not native_ok):
+        return "native" if native_ok else ("numba" if numba_ok else "torch")
     if backend == "numba" and not numba_ok:
         return "torch"
     return backend
 
 
+def scan_is_exact(kind: str, dtype: torch.dtype) -> bool:
+    """Whether scan backend ``kind`` (as resolved) returns fp32-exact logits for keys of ``dtype``."""
+    return kind in ("numba", "native") or dtype in (torch.float32, torch.float64)
+
+
 # ------------------------------------------------------------------------------ scan
 def scan_logits(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tensor] = None,
-                backend: str = "auto", out: Optional[Tensor] = None) -> Tuple[Tensor, bool]:
+                backend: str = "auto", out: Optional[Tensor] = None,
+                pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, bool]:
     """Host logits of every query head against the host keys.
 
     q: [B, Hq, D] or [B, Hq, 1, D]; keys: [B, Hkv, T, D] (CPU); mask: [B, Hkv, T] or None.
+    pool: whose threads run the numba kernel's slices (default: :func:`default_pool`).
     Returns (logits [B, Hq, T] float32 with masked entries -inf, exact) where exact says the
     logits were accumulated and kept in fp32 (False for torch over bf16/fp16 keys).
+    """
+    logits, exact, _ = scan_logits_stats(q, keys, scale, mask, backend, out, pool)
+    return logits, exact
+
+
+def scan_logits_stats(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tensor] = None,
+                      backend: str = "auto", out: Optional[Tensor] = None,
+                      pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, bool, Optional[Tensor]]:
+    """:func:`scan_logits` plus, from the C kernel without a mask, the per-block softmax
+    statistics [B*Hkv, ceil(T / TOKEN_BLOCK), G, 2] (max, sum of exp(logit - max)) that
+    :func:`select` turns into each head's logsumexp without another pass over the logits;
+    None from every other path.
     """
     if q.dim() == 4:
         q = q[:, :, 0]
@@ -249,21 +147,33 @@ def scan_logits(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tensor] = 
     Hkv, T = keys.shape[1], keys.shape[2]
     G = Hq // Hkv
     kind = resolve_backend(backend, keys.dtype)
+    stats: Optional[Tensor] = None
     if T == 0:
-        return q.new_zeros(B, Hq, 0, dtype=torch.float32), True
-    if kind == "numba":
+        return q.new_zeros(B, Hq, 0, dtype=torch.float32), True, None
+    if kind == "native" and not native_fits(keys.dtype, G, D):
+        kind = "numba" if HAVE_NUMBA else "torch"
+    if kind == "native":
+        kr, cap = rows_view(keys)
+        qg = q.float().reshape(B * Hkv, G, D).contiguous()
+        res = out if out is not None else torch.empty(B * Hkv, G, T, dtype=torch.float32)
+        res = res.view(B * Hkv, G, T)
+        nblk = (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
+        lib = native.lib()
+        fn = lib.hg_scan_bf16 if keys.dtype == torch.bfloat16 else lib.hg_scan_f32
+        stats = torch.empty(B * Hkv, nblk, G, 2, dtype=torch.float32) if mask is None else None
+        (pool or default_pool()).run_split(fn, B * Hkv * nblk, qg.data_ptr(), kr.data_ptr(), cap, res.data_ptr(),
+                                           float(scale), T, D, G, TOKEN_BLOCK,
+                                           stats.data_ptr() if stats is not None else None)
+        logits, exact = res.view(B, Hq, T), True
+    elif kind == "numba":
         kr, cap = rows_view(keys)
         qg = q.float().reshape(B * Hkv, G, D).contiguous()
         res = out if out is not None else torch.empty(B * Hkv, G, T, dtype=torch.float32)
         res = res.view(B * Hkv, G, T)
         nblk = (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
         bf16 = keys.dtype == torch.bfloat16
-        if G <= MAX_SPECIALISED_GROUP:
-            kernel = _group_kernel(G, bf16)
-        else:
-            kernel = _scan_bf16_kernel if bf16 else _scan_f32_kernel
-        k_np = kr.view(torch.int16).numpy().view(np.uint16) if bf16 else kr.numpy()
-        _run_split(kernel, B * Hkv * nblk, qg.numpy(), k_np, cap, res.numpy(), float(scale), T, TOKEN_BLOCK)
+        (pool or default_pool()).run_split(scan_kernel(G, bf16), B * Hkv * nblk, qg.numpy(), key_array(kr, bf16),
+                                           cap, res.numpy(), float(scale), T, TOKEN_BLOCK)
         logits, exact = res.view(B, Hq, T), True
     else:
         qg = q.reshape(B, Hkv, G, D).to(keys.dtype)
@@ -274,7 +184,7 @@ def scan_logits(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tensor] = 
             logits = out.view(B, Hq, T)
     if mask is not None:
         logits.view(B, Hkv, G, T).masked_fill_(~mask.expand(B, Hkv, T)[:, :, None, :], NEG_INF)
-    return logits, exact
+    return logits, exact, stats
 
 
 # ------------------------------------------------------------------------------ top-k
@@ -294,16 +204,77 @@ def group_scores(logits: Tensor, num_kv_heads: int, how: str = "max") -> Tensor:
     return (lg - lse).amax(dim=2)
 
 
-def topk_indices(scores: Tensor, k: int, backend: str = "torch") -> Tensor:
-    """Unsorted top-k token indices per row. scores [..., T] float32 -> [..., k] int64 (k <= T)."""
+def topk_indices(scores: Tensor, k: int, backend: str = "torch", pool: Optional[CPUAttentionPool] = None) -> Tensor:
+    """Unsorted top-k token indices per row. scores [..., T] float32 -> [..., k] int64 (k <= T).
+
+    pool: whose threads run the numba kernel's slices (default: :func:`default_pool`)."""
     T = scores.shape[-1]
     k = min(k, T)
-    if backend == "numba" and _HAVE_NUMBA and k > 0:
+    if backend == "numba" and HAVE_NUMBA and k > 0:
         flat = scores.reshape(-1, T).contiguous()
         out = torch.empty(flat.shape[0], k, dtype=torch.int64)
-        _run_split(_topk_kernel, flat.shape[0], flat.numpy(), k, out.numpy())
+        (pool or default_pool()).run_split(topk_kernel(), flat.shape[0], flat.numpy(), k, out.numpy())
         return out.view(*scores.shape[:-1], k)
     return torch.topk(scores, k, dim=-1, sorted=False).indices
+
+
+def select(logits: Tensor, num_kv_heads: int, k: int, per_head: bool, how: str = "max",
+           topk_backend: str = "auto", pool: Optional[CPUAttentionPool] = None,
+           stats: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Selection + the selected logits in one call. logits [B, Hq, T] float32 (masked = -inf).
+
+    Returns (idx [B, Hsel, k] int64 unsorted, logits at idx [B, Hq, k]); Hsel = Hq
+    (per_head) or Hkv (shared, ranked by :func:`group_scores` ``how``). With the C kernels
+    (``hg_select``: group score, radix-select top-k, ties to the lower index, and the
+    logits at the selection, one pass per row on the pool's threads; ``stats`` from
+    :func:`scan_logits_stats` spare it the logsumexp passes) for ``topk_backend``
+    'auto'/'native' when they build; else :func:`group_scores` + :func:`topk_indices` + :func:`logits_at`.
+    """
+    if how not in ("max", "sum"):
+        raise ConfigError(f"unknown group score {how!r}; choose 'max' or 'sum'")
+    B, Hq, T = logits.shape
+    k = max(0, min(k, T))
+    Hsel = Hq if per_head else num_kv_heads
+    G = Hq // Hsel
+    lib = native.lib()
+    if topk_backend not in TOPK_BACKENDS:
+        raise ConfigError(f"unknown top-k backend {topk_backend!r}; choose one of: {', '.join(TOPK_BACKENDS)}")
+    if lib is not None and topk_backend in ("auto", "native") and k > 0 and T > 0:
+        lg = logits.contiguous()
+        idx = torch.empty(B, Hsel, k, dtype=torch.int64)
+        sel = torch.empty(B, Hq, k, dtype=torch.float32)
+        code = SELECT_HOW["raw" if G == 1 else how]
+        use = stats is not None and not per_head and stats.shape[-2] == G
+        (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), T, G, code, k, idx.data_ptr(),
+                                           sel.data_ptr(), stats.data_ptr() if use else None,
+                                           stats.shape[1] if use else 0)
+        return idx, sel
+    scores = logits if per_head else group_scores(logits, num_kv_heads, how)
+    idx = topk_indices(scores, k, "numba" if topk_backend == "numba" else "torch", pool=pool)
+    return idx, logits_at(logits, idx)
+
+
+def exact_logits_at(q: Tensor, keys: Tensor, idx: Tensor, scale: float,
+                    pool: Optional[CPUAttentionPool] = None) -> Tensor:
+    """Exact fp32 logits of q against the key rows at idx, read in place from the segment.
+
+    q [B, Hq, D] or [B, Hq, 1, D]; keys [B, Hkv, T, D]; idx [B, Hsel, k] (Hsel = Hkv or Hq).
+    -> [B, Hq, k]. bf16 keys with shared selection use the C kernel (``hg_rows_bf16``: no
+    gather copy); anything else gathers the rows and uses :func:`rows_logits`.
+    """
+    if q.dim() == 4:
+        q = q[:, :, 0]
+    B, Hq, D = q.shape
+    Hkv, Hsel, k = keys.shape[1], idx.shape[1], idx.shape[2]
+    if Hsel == Hkv and k > 0 and native_fits(keys.dtype, Hq // Hkv, D) and keys.dtype == torch.bfloat16:
+        kr, cap = rows_view(keys)
+        qg = q.float().reshape(B * Hkv, Hq // Hkv, D).contiguous()
+        ic = idx.contiguous()
+        out = torch.empty(B, Hq, k, dtype=torch.float32)
+        (pool or default_pool()).run_split(native.lib().hg_rows_bf16, B * Hkv, qg.data_ptr(), kr.data_ptr(), cap,
+                                           ic.data_ptr(), k, out.data_ptr(), float(scale), D, Hq // Hkv)
+        return out
+    return rows_logits(q, gather_rows(keys, idx), scale)
 
 
 # ------------------------------------------------------------------------------ gather
@@ -316,14 +287,25 @@ def _flat_row_index(idx: Tensor, num_kv_heads: int, cap: int) -> Tensor:
     return (base[:, :, None] + idx).reshape(-1)
 
 
-def gather_rows(x: Tensor, idx: Tensor, out: Optional[Tensor] = None) -> Tensor:
+def gather_rows(x: Tensor, idx: Tensor, out: Optional[Tensor] = None,
+                pool: Optional[CPUAttentionPool] = None) -> Tensor:
     """Rows of a segment view at idx. x [B, Hkv, T, D]; idx [B, Hsel, k] -> [B, Hsel, k, D].
 
     Hsel = Hkv (shared selection) or Hq (per-head: head h reads KV head h // G).
     out: optional destination (e.g. a pinned staging buffer) with B*Hsel*k*D elements.
+    With the C kernels: a prefetching row copy (``hg_gather_rows``) on the pool's threads;
+    else one ``index_select`` over the flattened rows.
     """
     B, Hkv, T, D = x.shape
     flat, cap = rows_view(x)
+    lib = native.lib()
+    if lib is not None and idx.shape[2] > 0 and (out is None or out.is_contiguous()):
+        Hsel, k = idx.shape[1], idx.shape[2]
+        dst = out.view(-1) if out is not None else torch.empty(B * Hsel * k * D, dtype=x.dtype)
+        ic = idx.contiguous()
+        (pool or default_pool()).run_split(lib.hg_gather_rows, B * Hsel, flat.data_ptr(), cap, ic.data_ptr(), k,
+                                           Hsel // Hkv, dst.data_ptr(), D * x.element_size())
+        return dst[:B * Hsel * k * D].view(B, Hsel, k, D)
     ridx = _flat_row_index(idx, Hkv, cap)
     if out is not None:
         dst = out.view(-1, D)
@@ -362,64 +344,3 @@ def rows_logits(q: Tensor, k_rows: Tensor, scale: float) -> Tensor:
     Hsel, k = k_rows.shape[1], k_rows.shape[2]
     qg = q.float().reshape(B, Hsel, Hq // Hsel, D)
     return torch.matmul(qg, k_rows.float().transpose(-1, -2)).mul_(scale).reshape(B, Hq, k)
-
-
-# ------------------------------------------------------------------------------ the branch
-@dataclass
-class HostSelection:
-    """What the CPU branch hands the GPU side for one layer.
-
-    idx [B, Hsel, k]; logits [B, Hq, k] float32 (-inf where masked or padding);
-    v_rows [B, Hsel, k, D]; k_rows [B, Hsel, k, D] or None (kept when exact logits are to be
-    recomputed from a different query); exact: logits are fp32-accurate for the scanned query;
-    timings in seconds (scan, topk, gather).
-    """
-
-    idx: Tensor
-    logits: Tensor
-    v_rows: Tensor
-    k_rows: Optional[Tensor]
-    mask: Optional[Tensor]
-    exact: bool
-    scan_s: float = 0.0
-    topk_s: float = 0.0
-    gather_s: float = 0.0
-    offset: int = 0  # first scanned token of the segment (idx is relative to it)
-
-
-def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, per_head: bool,
-                mask: Optional[Tensor] = None, keep_keys: bool = False, backend: str = "auto",
-                topk_backend: str = "torch", group_score: str = "max",
-                v_out: Optional[Tensor] = None) -> HostSelection:
-    """Scan + top-k + gather over one layer's host KV.
-
-    q [B, Hq, D] or [B, Hq, 1, D] (CPU); keys/values [B, Hkv, T, D]; k tokens per
-    (batch, KV head) (shared) or per (batch, query head) (per_head), clamped to T.
-    v_out: optional buffer (e.g. pinned) the V rows are gathered into.
-    """
-    import time
-
-    if q.dim() == 4:
-        q = q[:, :, 0]
-    B, Hq, D = q.shape
-    Hkv, T = keys.shape[1], keys.shape[2]
-    k = max(0, min(k, T))
-    t0 = time.perf_counter()
-    logits, exact = scan_logits(q, keys, scale, mask, backend)
-    t1 = time.perf_counter()
-    scores = logits if per_head else group_scores(logits, Hkv, group_score)
-    idx = topk_indices(scores, k, topk_backend)  # [B, Hsel, k]
-    sel_logits = logits_at(logits, idx)
-    t2 = time.perf_counter()
-    v_rows = gather_rows(values, idx, out=v_out)
-    k_rows = gather_rows(keys, idx) if keep_keys else None
-    sel_mask = gather_mask(mask, idx)
-    t3 = time.perf_counter()
-    return HostSelection(idx, sel_logits, v_rows, k_rows, sel_mask, exact, t1 - t0, t2 - t1, t3 - t2)
-
-
-def topk_count(ratio: float, host_tokens: int, minimum: int = 1) -> int:
-    """Tokens to select for a ratio of the host tokens: ceil(ratio * n), at least ``minimum``, at most n."""
-    if host_tokens <= 0:
-        return 0
-    return min(host_tokens, max(minimum, int(math.ceil(ratio * host_tokens - 1e-9))))

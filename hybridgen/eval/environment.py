@@ -51,6 +51,7 @@ def environment() -> Dict[str, Any]:
     """Versions, device, CPU and NUMA layout of this process (cheap; call once per run)."""
     import torch
 
+    from hybridgen import runtime
     from hybridgen.kv import numa
 
     cuda = torch.cuda.is_available()
@@ -71,7 +72,9 @@ def environment() -> Dict[str, Any]:
         "numa": [{"node": n.node, "cpus": len(n.cpus), "mem_bytes": n.mem_bytes, "cpu_less": n.cpu_less}
                  for n in numa.numa_nodes()],
         "numa_binding_supported": numa.binding_supported(),
-        "env_vars": {k: os.environ.get(k) for k in ("NUMBA_THREADING_LAYER", "OMP_NUM_THREADS",
+        "env_vars": {k: os.environ.get(k) for k in ("NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY", "OMP_NUM_THREADS",
+                                                    "TOKENIZERS_PARALLELISM", "HYBRIDGEN_SCAN_THREADS",
                                                     "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")},
+        "runtime": runtime.record(),  # what hybridgen.runtime.apply() set (thread counts as they are now)
     }
     return env

@@ -13,6 +13,14 @@ model_args: ``model`` (shipped name or HF dir), ``weights``, ``dtype``, ``num_la
 ``seed``, ``method`` and every parameter of that method (``budget=0.2``, ``sinks=4``...),
 ``score_mode`` ('decode' | 'prefill'), ``max_length``, ``rolling_prefill``, ``fidelity``,
 ``max_gen_toks``, ``add_bos``, ``batch_size`` (requests scored together; default 16).
+Booleans accept true/false/1/0/yes/no (strings from Python too: ``"false"`` is False).
+
+Tokenization follows lm-eval's HF backend (``--model hf``) so that ``method=full`` scores
+every item as it does: ``add_bos`` unset (default) encodes with the tokenizer's own special
+tokens (a BOS only where the tokenizer adds one, e.g. Llama's, not SmolLM2's; none when the
+text already starts with it), an empty context is the prefix token (BOS, else EOS) alone,
+and trailing context spaces move to the continuation. ``add_bos=true`` puts the prefix token
+before every context, ``add_bos=false`` never adds special tokens.
 
 How a KV method acts on scores (the honest way; documented choice):
 - ``loglikelihood`` (score_mode='decode', default): the context except its last token is
@@ -25,6 +33,13 @@ How a KV method acts on scores (the honest way; documented choice):
   ``rolling_prefill`` share is prefilled (those tokens are scored by the dense pass, identical
   for every method), the rest is scored by teacher-forced decode steps through the method.
 - ``generate_until``: prefill the context through the method, then greedy decode.
+- A context of ONE token (an empty context becomes the prefix token) has nothing to
+  prefill before its last token, so that row's first continuation token is predicted by
+  the prefill pass over the one token (identical for every method: one token cannot be
+  compressed) and every further continuation token by decode steps through the method.
+  Such rows are scored apart from the rest of their batch (counted in
+  ``requests_scored['one_token_context']``); no row is ever scored densely behind the
+  method's back.
 - Budgets resolve against the prefilled length (context - 1 tokens). Requests are batched
   longest-context first and left-padded to the batch's longest context (choice: batching makes
   CPU scoring ~5x faster; a padded row's budget then resolves against the padded length, which
@@ -45,6 +60,69 @@ from lm_eval.api.registry import register_model
 
 from hybridgen.errors import ConfigError
 
+_TRUE, _FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
+
+
+def as_bool(value: Any, name: str, allow_none: bool = False) -> Optional[bool]:
+    """``value`` (bool, 0/1, or a string such as 'false') as a bool; None passes when ``allow_none``."""
+    if value is None or (allow_none and isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
+        if allow_none:
+            return None
+        raise ConfigError(f"{name} must be true or false, got None")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    extra = " (or unset)" if allow_none else ""
+    raise ConfigError(f"{name} must be true or false{extra}, got {value!r}")
+
+
+def check_model_args(method: str = "full", score_mode: str = "decode", rolling_prefill: Any = 0.5,
+                     fidelity: Any = False, add_bos: Any = None, progress: Any = True, max_gen_toks: Any = 32,
+                     max_length: Any = None, **kwargs: Any) -> Dict[str, Any]:
+    """Check the adapter's arguments without loading a model; returns the parsed values.
+
+    Raises a one-line ConfigError for an unknown method or parameter, a bad score_mode,
+    rolling_prefill, boolean or integer. kwargs: the method's parameters (model-loading
+    arguments such as ``model`` or ``dtype`` are left to the loader and ignored here).
+    """
+    from hybridgen.methods import build_method
+
+    params = {k: v for k, v in kwargs.items() if k not in _LOADER_ARGS}
+    build_method(str(method), **dict(params))  # fail now, in one line
+    if score_mode not in ("decode", "prefill"):
+        raise ConfigError(f"score_mode must be 'decode' or 'prefill', got {score_mode!r}")
+    try:
+        share = float(rolling_prefill)
+    except (TypeError, ValueError):
+        raise ConfigError(f"rolling_prefill must be a number in (0, 1), got {rolling_prefill!r}") from None
+    if not 0.0 < share < 1.0:
+        raise ConfigError(f"rolling_prefill must lie in (0, 1), got {rolling_prefill}")
+    ints = {}
+    for name, val in (("max_gen_toks", max_gen_toks), ("max_length", max_length)):
+        if val is None:
+            ints[name] = None
+            continue
+        try:
+            ints[name] = int(val)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be a whole number, got {val!r}") from None
+        if ints[name] < 1:
+            raise ConfigError(f"{name} must be >= 1, got {val!r}")
+    return {"method": str(method), "method_params": params, "score_mode": score_mode, "rolling_prefill": share,
+            "fidelity": as_bool(fidelity, "fidelity"), "add_bos": as_bool(add_bos, "add_bos", allow_none=True),
+            "progress": as_bool(progress, "progress"), **ints}
+
+
+#: arguments of the model loader (and of lm-eval's own model plumbing), not method parameters
+_LOADER_ARGS = ("model", "weights", "dtype", "num_layers", "seed", "batch_size", "engine", "pretrained",
+                "max_batch_size", "device", "trust_remote_code", "tokenizer")
+
 
 @register_model("hybridgen")
 class HybridGenLM(LM):
@@ -53,20 +131,16 @@ class HybridGenLM(LM):
     def __init__(self, model: str = "smollm2-135m", weights: str = "real", dtype: str = "float32",
                  num_layers: Optional[int] = None, seed: int = 0, method: str = "full", score_mode: str = "decode",
                  max_length: Optional[int] = None, rolling_prefill: float = 0.5, fidelity: bool = False,
-                 max_gen_toks: int = 32, add_bos: bool = True, batch_size: Any = 16, engine: Any = None,
+                 max_gen_toks: int = 32, add_bos: Optional[bool] = None, batch_size: Any = 16, engine: Any = None,
                  progress: bool = True, pretrained: Optional[str] = None, **kwargs: Any):
         super().__init__()
-        from hybridgen.methods import build_method
-
         for k in ("max_batch_size", "device", "trust_remote_code", "tokenizer"):
             kwargs.pop(k, None)  # lm-eval passes these to every model; the engine picks its device
-        self.method_name = str(method)
-        self.method_params = dict(kwargs)
-        build_method(self.method_name, **dict(self.method_params))  # fail now, in one line
-        if score_mode not in ("decode", "prefill"):
-            raise ConfigError(f"score_mode must be 'decode' or 'prefill', got {score_mode!r}")
-        if not 0.0 < float(rolling_prefill) < 1.0:
-            raise ConfigError(f"rolling_prefill must lie in (0, 1), got {rolling_prefill}")
+        args = check_model_args(method=method, score_mode=score_mode, rolling_prefill=rolling_prefill,
+                                fidelity=fidelity, add_bos=add_bos, progress=progress, max_gen_toks=max_gen_toks,
+                                max_length=max_length, **kwargs)
+        self.method_name = args["method"]
+        self.method_params = dict(args["method_params"])
         if engine is None:
             from hybridgen.model import load_model
 
@@ -76,16 +150,17 @@ class HybridGenLM(LM):
         self.tok = engine.tokenizer
         if self.tok is None:
             raise ConfigError(f"model {model!r} has no tokenizer; lm-eval tasks need text (use a model with one)")
-        self.score_mode = score_mode
-        self.max_length = int(max_length or engine.spec.max_positions)
-        self.rolling_prefill = float(rolling_prefill)
-        self.fidelity = bool(fidelity)
-        self.max_gen_toks = int(max_gen_toks)
-        self.add_bos = bool(add_bos)
+        self.score_mode = args["score_mode"]
+        self.max_length = int(args["max_length"] or engine.spec.max_positions)
+        self.rolling_prefill = args["rolling_prefill"]
+        self.fidelity = args["fidelity"]
+        self.max_gen_toks = int(args["max_gen_toks"])
+        self.add_bos: Optional[bool] = args["add_bos"]   # None: as lm-eval's HF backend (the tokenizer's default)
         self.batch = max(1, int(batch_size)) if str(batch_size).isdigit() else 16
-        self.progress = bool(progress)
+        self.progress = args["progress"]
         self._fid = {"tokens": 0, "top1": 0.0, "kl": 0.0, "max_kl": 0.0}
-        self.requests_scored = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0}
+        self.requests_scored = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0,
+                                "one_token_context": 0}
 
     # ------------------------------------------------------------------ helpers
     def new_method(self):
@@ -102,23 +177,37 @@ class HybridGenLM(LM):
         return 0
 
     def tok_encode(self, text: str) -> List[int]:
+        """Token ids of ``text`` without any special token."""
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
+    def encode(self, text: str) -> List[int]:
+        """Token ids of a context as lm-eval's HF backend makes them (see module docstring, add_bos)."""
+        if self.add_bos is None:
+            bos = self.tok.decode([self.prefix_id])
+            special = not (bos and text.startswith(bos))  # HF: no second BOS before a text starting with one
+            return list(self.tok(text, add_special_tokens=special)["input_ids"])
+        ids = self.tok_encode(text)
+        return [self.prefix_id] + ids if self.add_bos else ids
+
     def _encode_pair(self, context: str, continuation: str) -> Tuple[List[int], List[int]]:
-        """Context ids (with the prefix token) and continuation ids, split as lm-eval's HF model does."""
+        """Context ids and continuation ids, split as lm-eval's HF backend does (``LM.loglikelihood``)."""
+        if context == "":
+            cont = self.tok_encode(continuation)
+            if cont and cont[0] == self.prefix_id:  # HF: the continuation's own first token is the context
+                return cont[:1], cont[1:]
+            return [self.prefix_id], cont
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces:
             continuation = context[-n_spaces:] + continuation
             context = context[:-n_spaces]
-        prefix = [self.prefix_id] if (self.add_bos or not context) else []
-        if not context:
-            return prefix, self.tok_encode(continuation)
-        whole = self.tok_encode(context + continuation)
-        ctx = self.tok_encode(context)
+        whole = self.encode(context + continuation)
+        ctx = self.encode(context)
         cont = whole[len(ctx):]
         if not cont:  # tokenizer merged across the boundary: fall back to separate encodings
             cont = self.tok_encode(continuation)
-        return prefix + ctx, cont
+        if not ctx:  # an all-space context without special tokens: condition on the prefix token
+            ctx = [self.prefix_id]
+        return ctx, cont
 
     def _fit(self, ctx: List[int], cont: List[int]) -> List[int]:
         """Left-truncate the context so context + continuation fit in max_length (keeps >= 1 token)."""
@@ -167,16 +256,39 @@ class HybridGenLM(LM):
         mask = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
         return ids, mask
 
+    def _targets(self, conts: List[List[int]]) -> torch.Tensor:
+        """Continuations right-padded to one length: [B, L] (the padding is never scored)."""
+        L = max(len(c) for c in conts)
+        return torch.tensor([c + [self.prefix_id] * (L - len(c)) for c in conts], dtype=torch.long)
+
     def _method_logits(self, ctxs: List[List[int]], conts: List[List[int]]) -> torch.Tensor:
         """Logits [B, L, V] scoring each continuation given its context (row b: positions
-        < len(conts[b]) are valid). Contexts are left-padded to a common length."""
-        if self.score_mode == "prefill" or min(len(c) for c in ctxs) < 2:
+        < len(conts[b]) are valid). Contexts are left-padded to a common length.
+
+        Rows with a one-token context are scored apart (see module docstring): the prefill
+        over that token predicts the first continuation token, decode steps the rest.
+        """
+        if self.score_mode == "prefill":
             return self._dense_logits(ctxs, conts)
+        one = [b for b, c in enumerate(ctxs) if len(c) < 2]
+        if not one:
+            known, mask = self._pad_left(ctxs)
+            return self._decode_logits(known, self._targets(conts), mask)
+        from hybridgen.eval.generation import teacher_forced_logits
+
+        rest = [b for b in range(len(ctxs)) if b not in one]
+        parts = [(one, teacher_forced_logits(self.engine, self.new_method(),
+                                             torch.tensor([ctxs[b] for b in one], dtype=torch.long), None,
+                                             self._targets([conts[b] for b in one])))]
+        if rest:
+            known, mask = self._pad_left([ctxs[b] for b in rest])
+            parts.append((rest, self._decode_logits(known, self._targets([conts[b] for b in rest]), mask)))
+        self.requests_scored["one_token_context"] += len(one)
         L = max(len(c) for c in conts)
-        known, mask = self._pad_left(ctxs)
-        pad = self.prefix_id
-        targets = torch.tensor([c + [pad] * (L - len(c)) for c in conts], dtype=torch.long)
-        return self._decode_logits(known, targets, mask)
+        out = parts[0][1].new_zeros(len(ctxs), L, parts[0][1].shape[-1])
+        for rows, logits in parts:
+            out[rows, :logits.shape[1]] = logits
+        return out
 
     def _dense_logits(self, ctxs: List[List[int]], conts: List[List[int]]) -> torch.Tensor:
         """Dense (full-attention) logits [B, L, V] at each row's continuation positions."""
@@ -227,7 +339,7 @@ class HybridGenLM(LM):
         bar = self._bar(len(requests), "loglikelihood_rolling", disable_tqdm)
         for req in requests:
             (text,) = req.args[:1]
-            toks = self.tok_encode(text)
+            toks = self.encode(text) if self.add_bos is None else self.tok_encode(text)  # HF: tok_encode(text)
             total = 0.0
             window = max(2, self.max_length - 1)
             for s in range(0, len(toks), window):
@@ -271,8 +383,7 @@ class HybridGenLM(LM):
                 until = [until]
             max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
             greedy = not gen_kwargs.get("do_sample", False) or float(gen_kwargs.get("temperature", 0.0)) == 0.0
-            prefix = [self.prefix_id] if self.add_bos else []
-            ctx = (prefix + self.tok_encode(context))[-max(1, self.max_length - max_new):]
+            ctx = (self.encode(context) or [self.prefix_id])[-max(1, self.max_length - max_new):]
             ids = torch.tensor([ctx], dtype=torch.long)
             res = self.engine.generate(ids, self.new_method(), max_new_tokens=max(1, max_new), greedy=greedy,
                                        temperature=float(gen_kwargs.get("temperature", 1.0)) or 1.0,

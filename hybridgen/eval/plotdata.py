@@ -35,7 +35,7 @@ def runs(exp: str, hint: str = ""):
     """DataFrame of the finished runs of ``exp`` (None, with a message, when there are none)."""
     import pandas as pd
 
-    from hybridgen.results import collect
+    from hybridgen.result_tables import collect
 
     rows = collect(results_dir(), exp)
     if not rows:

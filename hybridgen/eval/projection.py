@@ -1,65 +1,62 @@
-"""PROJECTED decode-step time of a run on a hardware profile (hybridgen.perfmodel), for result files.
+"""PROJECTED decode-step time of a run on a hardware profile (:mod:`hybridgen.perf`), for result files.
 
-Maps a run's method configuration onto the performance model's method names and workload:
-
-- flexgen -> 'flexgen' (streamed), 'flexgen-cpu' (attention_on=cpu) or 'flexgen-int4' (compress_kv);
-- hybrid-exact / hybridgen: host_share = 1 - gpu_budget (a token budget is divided by the prompt);
-  hybridgen's top-k ratio is the fixed ``topk_ratio`` or, when the scheduler owns it, the last
-  ratio of the run's scheduler trace (its start, 0.05, without one);
-- h2o / snapkv / streamingllm / quest / infinigen: budget_ratio = the budget share of the prompt.
+The run's method is built once from (name, params) with ``build_method`` (or passed built)
+and prices itself (``method.layer_cost``): the GPU share is its ``gpu_budget``, the kept or
+fetched share its ``budget`` (a token budget is divided by the context), and so on. hybridgen's
+top-k ratio is the fixed ``topk_ratio`` or, when the scheduler owns it (None), the last ratio
+of the run's scheduler trace (the scheduler's start ratio without one). A method without a
+cost gives ``{"projected": True, "status": "not modelled", ...}`` instead of raising, so a
+sweep never aborts.
 
 Choice (the model is per step): the context is taken at mid-generation, prompt_len + gen_len // 2.
 Every number carries ``projected: true``; nothing here is a measurement.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Union
 
 DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+NUMBERS = ("step_s", "decode_tokens_per_s", "cpu_branch_s", "gpu_branch_s", "transfer_s", "fits_gpu")
 
 
-def _share(value: Any, prompt_len: int) -> float:
-    from hybridgen.methods import Budget
-
-    b = Budget.parse(value)
-    return float(b.ratio) if b.ratio is not None else min(1.0, b.tokens / max(prompt_len, 1))
-
-
-def perf_method(name: str, params: Mapping[str, Any]) -> str:
-    if name == "flexgen":
-        if params.get("compress_kv"):
-            return "flexgen-int4"
-        return "flexgen-cpu" if params.get("attention_on") == "cpu" else "flexgen"
-    return name
+def _scheduled_ratio(trace: Optional[Mapping[str, Any]]) -> Optional[float]:
+    """The last top-k ratio the scheduler chose in a run's trace (None without decisions)."""
+    decisions = [d for d in (trace or {}).get("scheduler", []) if d.get("knob") == "topk_ratio"]
+    return float(decisions[-1]["new"]) if decisions else None
 
 
-def project(method: str, params: Mapping[str, Any], spec, batch: int, prompt_len: int, gen_len: int,
-            dtype: str, profile: str, trace: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """A dict of projected step numbers for one run (see module docstring)."""
-    from hybridgen.perfmodel import Workload, predict_step
+def run_method(method: Union[str, Any], params: Optional[Mapping[str, Any]] = None,
+               trace: Optional[Mapping[str, Any]] = None) -> Any:
+    """The method instance to price: built from (name, params), or the instance given; a
+    hybridgen whose scheduler owns the top-k ratio gets the trace's last ratio."""
+    from hybridgen.methods import build_method
 
+    m = build_method(method, **dict(params or {})) if isinstance(method, str) else method
+    ratio = _scheduled_ratio(trace)
+    if m.name == "hybridgen" and getattr(m, "topk_ratio", 0) is None and ratio is not None:
+        m = dataclasses.replace(m, topk_ratio=ratio)
+    return m
+
+
+def project(method: Union[str, Any], params: Optional[Mapping[str, Any]], spec, batch: int, prompt_len: int,
+            gen_len: int, dtype: str, profile: str, trace: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """A dict of projected step numbers for one run (see module docstring).
+
+    method: a registered name (built with ``params``) or a built KVMethod (``params`` ignored).
+    """
+    from hybridgen.perf import NotModelled, Workload, predict_step
+
+    m = run_method(method, params, trace)
     kw: Dict[str, Any] = {"batch": int(batch), "context": int(prompt_len + gen_len // 2),
                           "dtype": DTYPE.get(dtype, dtype)}
-    if method in ("hybrid-exact", "hybridgen"):
-        kw["host_share"] = 1.0 - _share(params.get("gpu_budget", 0.1), prompt_len)
-    if method == "hybridgen":
-        ratio = params.get("topk_ratio")
-        if ratio is None:
-            decisions = [d for d in (trace or {}).get("scheduler", []) if d.get("knob") == "topk_ratio"]
-            ratio = decisions[-1]["new"] if decisions else 0.05
-        kw.update(topk_ratio=float(ratio), per_head=bool(params.get("per_head", False)),
-                  pipelined=bool(params.get("pipeline", True)), mapping=params.get("mapping"),
-                  sinks=int(params.get("sinks", 4)))
-    if "budget" in params:
-        kw["budget_ratio"] = _share(params["budget"], prompt_len)
-    if method == "quest":
-        kw["page_size"] = int(params.get("page_size", 16))
-    if method == "infinigen":
-        kw["partial_ratio"] = float(params.get("partial_weight_ratio", 0.2))
-    if method == "flexgen" and params.get("compress_kv"):
-        kw["int4_group"] = int(params.get("group_size", 64))
-    p = predict_step(perf_method(method, params), spec, Workload(**kw), profile)
-    return {"projected": True, "profile": p.profile, "perf_method": p.method, "workload": kw,
-            "step_s": p.total_s, "decode_tokens_per_s": p.tokens_per_s(int(batch)),
+    try:
+        p = predict_step(m, spec, Workload(**kw), profile)
+    except NotModelled as err:
+        return {"projected": True, "status": "not modelled", "reason": str(err),
+                "profile": getattr(profile, "name", str(profile)),
+                "method": m.name, "workload": kw, **{k: None for k in NUMBERS}}
+    return {"projected": True, "status": "ok", "profile": p.profile, "method": p.method, "perf_cost": p.cost,
+            "workload": kw, "step_s": p.total_s, "decode_tokens_per_s": p.tokens_per_s(int(batch)),
             "cpu_branch_s": p.cpu_branch_s, "gpu_branch_s": p.gpu_branch_s, "transfer_s": p.transfer_s,
             "fits_gpu": p.fits_gpu}

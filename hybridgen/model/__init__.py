@@ -6,7 +6,8 @@
     ids, mask = engine.encode(["Hello"])
     result = engine.generate(ids, "full", max_new_tokens=16, attention_mask=mask)
 """
-from hybridgen.model.engine import AttnWeights, Engine, GenerationResult
+from hybridgen.model.engine import AttnWeights, Engine
+from hybridgen.model.generation import GenerationResult
 from hybridgen.model.loading import load_model, model_spec, parse_dtype
 from hybridgen.model.spec import ModelSpec, list_models
 

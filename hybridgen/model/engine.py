@@ -21,9 +21,8 @@ Choices:
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +32,11 @@ from hybridgen.errors import ConfigError
 from hybridgen.methods import KVMethod, MethodContext, build_method
 from hybridgen.model import ops
 from hybridgen.model.rotary import RotaryEmbedding
-from hybridgen.model.sampling import check_sampling, select_next
 from hybridgen.model.spec import ModelSpec
 from hybridgen.model.weights import LayerWeights, ModelWeights
+
+if TYPE_CHECKING:
+    from hybridgen.model.generation import GenerationResult
 
 
 @dataclass
@@ -53,46 +54,6 @@ class AttnWeights:
     bv: Optional[Tensor]
     wo: Tensor
     bo: Optional[Tensor]
-
-
-@dataclass
-class GenerationResult:
-    """Output of :meth:`Engine.generate`.
-
-    tokens [B, n] new tokens; logits [B, n, V] float32 (logits[:, 0] from the prefill) or None;
-    prefill_s / decode_s seconds; step_s seconds per decode step (n - 1 entries);
-    bytes_by_tier / peak_bytes_by_tier from the store at the end of decoding (before release).
-    """
-
-    tokens: Tensor
-    logits: Optional[Tensor]
-    prefill_s: float
-    decode_s: float
-    step_s: List[float]
-    method_stats: Dict[str, float]
-    bytes_by_tier: Dict[str, int]
-    store_description: Dict[str, Any]
-    peak_bytes_by_tier: Dict[str, int]
-    method: str = ""
-    method_config: Dict[str, Any] = field(default_factory=dict)
-    batch_size: int = 0
-    prompt_len: int = 0
-
-    @property
-    def decode_ms_per_step(self) -> float:
-        return 1e3 * self.decode_s / max(len(self.step_s), 1)
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        return self.batch_size * len(self.step_s) / self.decode_s if self.decode_s > 0 else float("nan")
-
-    def summary(self) -> Dict[str, Any]:
-        """Plain numbers for a result file."""
-        return {"method": self.method, "batch_size": self.batch_size, "prompt_len": self.prompt_len,
-                "new_tokens": int(self.tokens.shape[1]), "prefill_s": self.prefill_s, "decode_s": self.decode_s,
-                "decode_ms_per_step": self.decode_ms_per_step, "decode_tokens_per_s": self.decode_tokens_per_s,
-                "method_stats": dict(self.method_stats), "bytes_by_tier": dict(self.bytes_by_tier),
-                "peak_bytes_by_tier": dict(self.peak_bytes_by_tier)}
 
 
 @dataclass
@@ -147,12 +108,21 @@ class Engine:
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)
+        if not texts:
+            raise ConfigError("encode needs at least one text; got an empty list")
+        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+        if bad:
+            raise ConfigError(f"encode takes strings; text {bad[0]} is a {type(texts[bad[0]]).__name__}")
         if chat:
             texts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                              add_generation_prompt=True) for t in texts]
             add_special_tokens = False
         enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
                   add_special_tokens=add_special_tokens)
+        empty = [i for i, n in enumerate(enc["attention_mask"].sum(-1).tolist()) if n == 0]
+        if empty:
+            raise ConfigError(f"text {empty[0]} of the batch is empty (it has no tokens); drop it or give it "
+                              "some text")
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 
     def decode_text(self, tokens: Tensor, skip_special_tokens: bool = True) -> List[str]:
@@ -254,6 +224,18 @@ class Engine:
             h = F.linear(h, w.project_out)
         return F.linear(h, w.lm_head).float()
 
+    def _checked(self, logits: Tensor) -> Tensor:
+        """``logits`` [B, V] unchanged, or a one-line NumericalError when any is NaN or inf (argmax over
+        NaN logits silently picks token 0; such a run must stop, not be recorded)."""
+        if not bool(torch.isfinite(logits).all()):
+            from hybridgen.errors import NumericalError
+
+            rows = (~torch.isfinite(logits).all(-1)).nonzero().flatten().tolist()
+            raise NumericalError(f"{self.name}: non-finite logits (NaN or inf) in batch row(s) {rows[:4]}; the "
+                                 "weights or the KV method produced them (check the checkpoint, try "
+                                 "dtype=float32, or report the method)")
+        return logits
+
     def _cos_sin(self, positions: Tensor):
         return None if self.rotary is None else self.rotary.cos_sin(positions)
 
@@ -284,6 +266,10 @@ class Engine:
             if tuple(attention_mask.shape) != (B, T):
                 raise ConfigError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(B, T)}")
             m = attention_mask.to(self.device).bool()
+            empty = (~m.any(-1)).nonzero().flatten().tolist()
+            if empty:
+                raise ConfigError(f"row {empty[0]} of the batch has no tokens (its attention_mask is all zeros); "
+                                  "drop empty prompts from the batch")
             if not bool(m[:, -1].all()) or not bool((m[:, 1:] >= m[:, :-1]).all()):
                 raise ConfigError("attention_mask must be left-padded (zeros first, then ones, every row "
                                   "ending in a real token); engine.encode pads on the left")
@@ -356,7 +342,7 @@ class Engine:
             method.release()  # e.g. a CapacityError at some layer: free what earlier layers took
             raise
         self._run = _Run(method=method, store=store, next_pos=positions[:, -1] + 1, steps_left=max_new_tokens)
-        return self._logits(h[:, -1])
+        return self._checked(self._logits(h[:, -1]))
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, method: Optional[KVMethod] = None) -> Tensor:
@@ -382,7 +368,7 @@ class Engine:
         method.end_step()
         run.next_pos = run.next_pos + 1
         run.steps_left -= 1
-        return self._logits(h[:, -1])
+        return self._checked(self._logits(h[:, -1]))
 
     def release(self) -> None:
         """Free the bound method's KV (after a generate(..., keep=True) or a manual prefill)."""
@@ -395,70 +381,16 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.no_grad()
     def generate(self, input_ids: Tensor, method: Union[str, KVMethod] = "full", max_new_tokens: int = 32,
                  attention_mask: Optional[Tensor] = None, store: Any = None, greedy: bool = True,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logits: bool = False,
                  progress: bool = False, keep: bool = False, pool: Any = None,
-                 eos_token_id: Optional[int] = None) -> GenerationResult:
-        """Prefill + (max_new_tokens - 1) decode steps through ``method``.
+                 eos_token_id: Optional[int] = None) -> "GenerationResult":
+        """Prefill + (max_new_tokens - 1) decode steps through ``method``: see
+        :func:`hybridgen.model.generation.generate` (the same arguments)."""
+        from hybridgen.model.generation import generate
 
-        keep: leave the method bound (KV held) after returning; call ``engine.release()`` later.
-        eos_token_id: when given, a row that produced it keeps producing it and generation stops
-        once every row has; by default exactly ``max_new_tokens`` tokens are generated.
-        """
-        check_sampling(greedy, temperature, top_p)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        method = self._method(method)
-        gen = None
-        if not greedy:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
-        pick = lambda lg: select_next(lg, greedy, temperature, top_p, gen)  # noqa: E731
-        tokens: List[Tensor] = []
-        logits_out: List[Tensor] = []
-        step_s: List[float] = []
-        try:
-            self._sync()
-            t0 = time.perf_counter()
-            logits = self.prefill(input_ids, attention_mask, method, store, max_new_tokens, pool)
-            tok = pick(logits)
-            self._sync()
-            prefill_s = time.perf_counter() - t0
-            run = self._run
-            finished = None if eos_token_id is None else tok == eos_token_id
-            tokens.append(tok)
-            if return_logits:
-                logits_out.append(logits)
-            steps = range(max_new_tokens - 1)
-            if progress:
-                from tqdm.auto import tqdm
-                steps = tqdm(steps, desc=f"decode [{method.name}]", unit="tok")
-            for _ in steps:
-                if finished is not None and bool(finished.all()):
-                    break
-                t = time.perf_counter()
-                logits = self.decode_step(tok, method)
-                tok = pick(logits)
-                if finished is not None:
-                    tok = torch.where(finished, torch.full_like(tok, eos_token_id), tok)
-                    finished = finished | (tok == eos_token_id)
-                self._sync()
-                step_s.append(time.perf_counter() - t)
-                tokens.append(tok)
-                if return_logits:
-                    logits_out.append(logits)
-            result = GenerationResult(
-                tokens=torch.stack(tokens, 1), logits=torch.stack(logits_out, 1) if return_logits else None,
-                prefill_s=prefill_s, decode_s=float(sum(step_s)), step_s=step_s,
-                method_stats=dict(method.stats), bytes_by_tier=run.store.bytes_by_tier(),
-                store_description=run.store.describe(), peak_bytes_by_tier=run.store.peak_by_tier(),
-                method=method.name, method_config=method.config(), batch_size=int(tokens[0].shape[0]),
-                prompt_len=int(input_ids.shape[-1]))
-        finally:
-            if not keep:
-                method.release()
-                self._run = None
-                self.current_positions = None
-        return result
+        return generate(self, input_ids, method, max_new_tokens, attention_mask=attention_mask, store=store,
+                        greedy=greedy, temperature=temperature, top_p=top_p, seed=seed,
+                        return_logits=return_logits, progress=progress, keep=keep, pool=pool,
+                        eos_token_id=eos_token_id)

@@ -19,7 +19,7 @@ from hybridgen.errors import ConfigError, MissingDataError
 from hybridgen.model import smollm2
 from hybridgen.model.engine import Engine
 from hybridgen.model.spec import ModelSpec, list_models, read_config_file, shipped_config
-from hybridgen.model.weights import CheckpointSource, build_weights, dummy_source, random_source
+from hybridgen.model.weights import CheckpointSource, build_weights, checkpoint_problem, dummy_source, random_source
 
 WEIGHT_KINDS = ("real", "random", "dummy")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -40,6 +40,56 @@ def parse_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
 
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def parse_device(device: Union[None, str, torch.device]) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' (None: cuda when available, else cpu); anything else is a one-line ConfigError."""
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"unknown device {device!r}; the engine runs on 'cpu' or 'cuda' (or 'cuda:N')") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r} is not supported; the engine runs on 'cpu' or 'cuda' (or 'cuda:N')")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' requested but CUDA is not available; use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                              f"device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return dev
+
+
+def _damaged_cache_fix(path: Path) -> str:
+    return f"delete {path} (rm -r {path}) and re-run: it is prepared again from the GGUF"
+
+
+def check_checkpoint(name_or_path: Union[str, Path], weights: str = "real") -> None:
+    """Before loading: a one-line MissingDataError when the real weights on disk are damaged.
+
+    Covers the prepared SmolLM2 cache (when it exists; a missing one is prepared on first use)
+    and a local checkpoint directory: config.json present, every safetensors file with a
+    sound header and the size it claims (:func:`hybridgen.model.weights.checkpoint_problem`).
+    NaN/inf inside the tensor data is caught while loading. Does nothing for other weights.
+    """
+    if weights != "real":
+        return
+    name = str(name_or_path)
+    if name == smollm2.MODEL_NAME:
+        path, fix = smollm2.prepared_dir(), _damaged_cache_fix(smollm2.prepared_dir())
+        if not path.exists():
+            return
+    elif name in list_models():
+        return
+    else:
+        path = Path(name).expanduser()
+        if not path.is_dir() or not (path / "config.json").is_file():
+            return  # _resolve names these cases when loading
+        fix = f"re-download the checkpoint into {path}"
+    problem = checkpoint_problem(path)
+    if problem:
+        raise MissingDataError(f"checkpoint {path} is damaged: {problem}; {fix}")
 
 
 def _resolve(name_or_path: Union[str, Path], weights: str):
@@ -93,9 +143,7 @@ def load_model(name_or_path: Union[str, Path], weights: str = "real",
     if weights not in WEIGHT_KINDS:
         raise ConfigError(f"unknown weights {weights!r}; choose one of: {', '.join(WEIGHT_KINDS)}")
     dtype = parse_dtype(dtype)
-    device = torch.device(device) if device is not None else default_device()
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' requested but CUDA is not available; use device='cpu'")
+    device = parse_device(device)
     name, cfg, ckpt, tok_dir = _resolve(name_or_path, weights)
     spec = ModelSpec.from_hf_config(cfg, name=name)
     if num_layers is not None:
@@ -103,7 +151,8 @@ def load_model(name_or_path: Union[str, Path], weights: str = "real",
             raise ConfigError(f"num_layers must be in 1..{spec.num_layers} for {name}, got {num_layers!r}")
         spec = spec.with_layers(num_layers)
     if weights == "real":
-        source = CheckpointSource(ckpt, dtype, device)
+        fix = _damaged_cache_fix(ckpt) if str(name_or_path) == smollm2.MODEL_NAME else None
+        source = CheckpointSource(ckpt, dtype, device, fix=fix)
     elif weights == "random":
         source = random_source(seed, dtype, device)
     else:

@@ -55,7 +55,11 @@ def find_gguf() -> Path:
 
 
 def is_prepared(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    """True when ``path`` holds a complete checkpoint: config.json and sound safetensors files
+    (header and size checked, see :func:`hybridgen.model.weights.checkpoint_problem`)."""
+    from hybridgen.model.weights import checkpoint_problem
+
+    return path.is_dir() and checkpoint_problem(path) is None
 
 
 def ensure_smollm2(verbose: bool = True) -> Path:
@@ -64,7 +68,11 @@ def ensure_smollm2(verbose: bool = True) -> Path:
     if is_prepared(target):
         return target
     if target.exists():
-        raise MissingDataError(f"{target} exists but is not a complete checkpoint; delete it and rerun")
+        from hybridgen.model.weights import checkpoint_problem
+
+        why = checkpoint_problem(target) if target.is_dir() else "not a directory"
+        raise MissingDataError(f"{target} exists but is not a complete checkpoint ({why}); delete it "
+                               f"(rm -r {target}) and rerun: it is prepared again from the GGUF")
     gguf = find_gguf()
     if verbose:
         print(f"hybridgen: preparing SmolLM2-135M-Instruct once (GGUF -> safetensors, ~20 s) into {target}",

@@ -251,20 +251,111 @@ def dummy_source(seed: int, dtype: torch.dtype, device: torch.device, std: float
     return source
 
 
+# ---------------------------------------------------------------------- integrity
+_ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                   "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def safetensors_problem(path: Path) -> Optional[str]:
+    """None when ``path`` is a structurally sound safetensors file, else what is wrong.
+
+    Checks what can be checked without reading the tensors: the 8-byte header length, a JSON
+    header within the file, every tensor's byte range inside the data section and consistent
+    with its shape and dtype, and a file size equal to header + data (an empty, truncated or
+    overwritten file fails; flipped bytes inside tensor data do not, see the finiteness check
+    of :class:`CheckpointSource`).
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{path.name} is {size} bytes, too short for a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                return f"{path.name}: header length {n} does not fit in its {size} bytes (truncated or overwritten)"
+            header = json.loads(fh.read(n).decode("utf-8"))
+    except OSError as err:
+        return f"{path.name} cannot be read ({err.strerror or err})"
+    except (UnicodeDecodeError, ValueError):
+        return f"{path.name}: its header is not valid JSON (overwritten or not a safetensors file)"
+    if not isinstance(header, dict):
+        return f"{path.name}: its header is not a JSON object"
+    data_bytes, end = size - 8 - n, 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            lo, hi = (int(x) for x in info["data_offsets"])
+            numel = 1
+            for d in info["shape"]:
+                numel *= int(d)
+            width = _ST_DTYPE_BYTES.get(str(info["dtype"]))
+        except (KeyError, TypeError, ValueError):
+            return f"{path.name}: header entry {key!r} is malformed"
+        if not 0 <= lo <= hi <= data_bytes or (width is not None and hi - lo != numel * width):
+            return (f"{path.name}: tensor {key!r} needs bytes {lo}..{hi} of a {data_bytes}-byte data section "
+                    "(truncated)")
+        end = max(end, hi)
+    if end != data_bytes:
+        return f"{path.name}: {data_bytes} data bytes but its tensors end at {end} (truncated or padded)"
+    return None
+
+
+def checkpoint_problem(path: Path) -> Optional[str]:
+    """None when ``path`` looks like a complete HF safetensors checkpoint directory, else what is wrong."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return "config.json is missing"
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        except (OSError, ValueError):
+            return "model.safetensors.index.json is not valid JSON"
+        files = [path / f for f in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            return f"shard(s) {', '.join(missing[:3])} listed in model.safetensors.index.json are missing"
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            return "no *.safetensors file"
+    for f in files:
+        problem = safetensors_problem(f)
+        if problem:
+            return problem
+    return None
+
+
 class CheckpointSource:
     """Reads tensors from a local HF checkpoint directory (single or sharded safetensors).
 
     Names are matched as saved by transformers ('model.layers.0...') and, for older OPT
     checkpoints, without the leading 'model.' ('decoder.layers.0...').
+
+    A damaged file is refused with one line naming ``fix`` (default: re-download): a file that
+    fails :func:`safetensors_problem`, or a floating-point tensor holding NaN or inf (flipped
+    bytes; a real checkpoint never stores them, and they would make every logit NaN).
     """
 
-    def __init__(self, path: Path, dtype: torch.dtype, device: torch.device):
-        from safetensors import safe_open
+    def __init__(self, path: Path, dtype: torch.dtype, device: torch.device, fix: Optional[str] = None):
+        from safetensors import SafetensorError, safe_open
 
         self.path = Path(path)
         self.dtype, self.device = dtype, torch.device(device)
+        self.fix = fix or f"re-download the checkpoint into {self.path}"
         files = self._weight_files()
-        self._handles = {f: safe_open(str(f), framework="pt", device="cpu") for f in files}
+        for f in files:
+            problem = safetensors_problem(f)
+            if problem:
+                raise MissingDataError(f"checkpoint {self.path} is damaged: {problem}; {self.fix}")
+        try:
+            self._handles = {f: safe_open(str(f), framework="pt", device="cpu") for f in files}
+        except (SafetensorError, OSError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise MissingDataError(f"checkpoint {self.path} is damaged: {first}; {self.fix}") from None
         self._where: Dict[str, Path] = {}
         for f, h in self._handles.items():
             for key in h.keys():
@@ -301,6 +392,9 @@ class CheckpointSource:
             raise MissingDataError(f"checkpoint {self.path} lacks tensor {name!r}; "
                                    "it does not match its config.json (re-download the checkpoint)")
         t = self._handles[self._where[key]].get_tensor(key)
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise MissingDataError(f"tensor {name!r} in {self._where[key]} holds NaN or inf values: the checkpoint "
+                                   f"is damaged; {self.fix}")
         if tuple(t.shape) != tuple(shape):
             raise ConfigError(f"tensor {name!r} in {self.path} has shape {tuple(t.shape)} but config.json implies "
                               f"{tuple(shape)}; config and weights do not belong together")

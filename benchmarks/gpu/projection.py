@@ -1,0 +1,44 @@
+"""Section 7: the performance model's PROJECTED per-layer attention against the measured rows.
+
+Each measured per-layer row is priced with the same method instance the layer section built
+(``hybridgen`` with ``pipeline=False``: one layer alone has no cross-layer overlap) on the
+``cfg.profile`` hardware profile; a method without a cost is reported as not modelled.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Tuple
+
+from benchmarks.gpu.config import BenchConfig, make_method
+
+
+def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
+    """(rows, markdown table) of projected vs measured ms per (method, context, host share)."""
+    from hybridgen import perf as pm
+
+    shape = pm.ModelShape(name="llama-3.1-8b-layer", num_layers=32, hidden_size=cfg.heads * cfg.head_dim,
+                          num_heads=cfg.heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                          intermediate_size=14336, vocab_size=128256)
+    preds, meas, not_modelled = {}, {}, []
+    for r in layer_rows:
+        if r.get("status") != "ok":
+            continue
+        key = f"{r['method']} @ {r['context']} / {int(round(r['host_share'] * 100))}%"
+        method = make_method(r["method"], r["host_share"], cfg.topk_ratio if r["method"] == "hybridgen" else None)
+        if method.name == "hybridgen":
+            method = dataclasses.replace(method, pipeline=False)
+        try:
+            preds[key] = pm.predict_step(method, shape, pm.Workload(batch=cfg.batch, context=r["context"],
+                                                                    dtype=cfg.dtype_name), cfg.profile)
+        except pm.NotModelled:
+            not_modelled.append(key)
+            continue
+        meas[key] = r["ms"] / 1e3
+    table = pm.compare_to_measured(preds, meas, field="attention_layer_s")
+    rows = [{"section": "projection", "method": row.key, "projected_ms": row.predicted_s * 1e3,
+             "ms": row.measured_s * 1e3, "error_pct": row.error_pct, "status": "ok"} for row in table.rows]
+    rows += [{"section": "projection", "method": key, "status": "not modelled"} for key in not_modelled]
+    md = table.to_markdown()
+    if not_modelled:
+        md += "\n\nnot modelled: " + ", ".join(not_modelled)
+    return rows, md

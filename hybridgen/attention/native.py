@@ -1,0 +1,129 @@
+"""The C kernels of the CPU key scan (``native_scan.c``), compiled on first use, called through ctypes.
+
+On first use the C source beside this module is compiled with the system C compiler
+(``$CC``, else ``cc``/``gcc``; ``-O3 -shared -fPIC``) into
+``$HYBRIDGEN_CACHE/native/`` (default ``~/.cache/hybridgen/native``), named by a hash of the
+source, the compiler's version and the machine, and loaded with ctypes, which releases the
+GIL during each call: :meth:`hybridgen.attention.cpu_pool.CPUAttentionPool.run_split`
+runs slices of a kernel on its threads. Nothing is downloaded; without a compiler (or with
+``HYBRIDGEN_NATIVE=0``) :func:`lib` returns None and every caller takes its numba or torch
+path. x86-64 builds carry AVX2+FMA bodies picked at run time; other CPUs run the portable C.
+
+Kernels (shapes in ``native_scan.c``): ``hg_scan_bf16`` / ``hg_scan_f32`` (exact scan, fp32
+accumulation), ``hg_scan_i8`` / ``hg_scan_i4`` (key-sketch scans), ``hg_select`` (group
+scoring + partial top-k + the selected logits), ``hg_rows_bf16`` (exact logits of selected
+rows read in place), ``hg_gather_rows`` (row gather), ``hg_quantize`` (sketch codes).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+_SRC = Path(__file__).with_name("native_scan.c")
+_FLAGS = ["-O3", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu99"]
+_lock = threading.Lock()
+_lib: Any = None
+_tried = False
+build_error: Optional[str] = None  # why the last build failed (None: built or not tried)
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_F = ctypes.c_float
+_SIGNATURES = {
+    "hg_has_avx2": ([], ctypes.c_int),
+    "hg_scan_bf16": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_scan_f32": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_scan_i8": ([_P, _P, _P, _P, _I, _I, _I, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_scan_i4": ([_P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_select": ([_P, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I], ctypes.c_int),
+    "hg_rows_bf16": ([_P, _P, _I, _P, _I, _P, _F, _I, _I, _I, _I], None),
+    "hg_gather_rows": ([_P, _I, _P, _I, _I, _P, _I, _I, _I], None),
+    "hg_quantize": ([_P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I], None),
+}
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: ``$HYBRIDGEN_CACHE/native`` (default ``~/.cache/hybridgen/native``)."""
+    return Path(os.environ.get("HYBRIDGEN_CACHE") or "~/.cache/hybridgen").expanduser() / "native"
+
+
+def _compiler() -> Optional[str]:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build(cc: str, extra: Tuple[str, ...] = ()) -> Path:
+    """Compile the source (once per source/compiler/flags/machine) and return the shared object's path."""
+    flags = [*_FLAGS, *extra]
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    tag = hashlib.sha256(_SRC.read_bytes() + version.encode() + " ".join(flags).encode()
+                         + platform.machine().encode()).hexdigest()[:16]
+    out = cache_dir() / f"hg_scan_{tag}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        so = Path(tmp) / out.name
+        res = subprocess.run([cc, *flags, "-o", str(so), str(_SRC), "-lm"], capture_output=True, text=True,
+                             timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-500:]}")
+        os.replace(so, out)  # atomic: concurrent first uses agree on one file
+    return out
+
+
+def _load(path: Path) -> Any:
+    handle = ctypes.CDLL(str(path))
+    for name, (args, res) in _SIGNATURES.items():
+        fn = getattr(handle, name)
+        fn.argtypes, fn.restype = args, res
+    return handle
+
+
+def load_portable() -> Any:
+    """A separate build with only the portable C bodies (``-DHG_PORTABLE``), for tests that
+    check those paths on an AVX2 machine; None without a compiler."""
+    cc = _compiler()
+    return _load(_build(cc, ("-DHG_PORTABLE",))) if cc else None
+
+
+def lib() -> Any:
+    """The loaded kernels (a ctypes.CDLL with typed functions), or None when they cannot be built."""
+    global _lib, _tried, build_error
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        if os.environ.get("HYBRIDGEN_NATIVE", "1").strip() in ("0", "false", "no", "off"):
+            build_error = "disabled by HYBRIDGEN_NATIVE=0"
+        else:
+            cc = _compiler()
+            if cc is None:
+                build_error = "no C compiler (set CC or install gcc)"
+            else:
+                try:
+                    _lib = _load(_build(cc))
+                except Exception as exc:  # noqa: BLE001 - any build/load failure means "use the fallback"
+                    build_error = f"{type(exc).__name__}: {exc}"
+        _tried = True
+    return _lib
+
+
+def available() -> bool:
+    """True when the C kernels are built and loaded."""
+    return lib() is not None
+
+
+def has_avx2() -> bool:
+    """True when the loaded kernels run their AVX2+FMA bodies on this CPU."""
+    return available() and bool(lib().hg_has_avx2())

@@ -1,0 +1,86 @@
+"""What HybridGen's CPU branch sends to the GPU per layer, and the CPU's [out, lse] partial.
+
+Two modes (``HybridGen.ship``); shapes: B batch, Hq query heads, Hsel = Hq (per-head
+selection) or Hkv (shared), k selected rows, D head dim, b bytes per KV element:
+
+- ``'logits'``: 'logits' [B, Hq, k] float32 + 'v' [B, Hsel, k, D] (KV dtype):
+  B*Hq*k*4 + B*Hsel*k*D*b bytes; the GPU's one softmax takes the k entries per head.
+- ``'partial'``: 'out' [B, Hq, D] (KV dtype) + 'lse' [B, Hq] float32 (:func:`selected_partial`):
+  B*Hq*(D*b + 4) bytes; exp(lse) * out is the host's unnormalised sum, so the GPU merges it
+  exactly (the LSE merge of :func:`hybridgen.attention.merge_partials`) as ONE softmax entry
+  per head with logit lse and value out.
+
+:class:`ShipPacker` packs a layer's tensors into ONE pinned staging buffer (64-byte aligned
+parts), sent with one non-blocking copy, and unpacks views of the device copy; off the async
+path (no CUDA) the tensors go as they are.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Hashable, Tuple
+
+import torch
+from torch import Tensor
+
+from hybridgen.kv.transfer import HostToDevice
+
+ALIGN = 64
+Layout = Dict[str, Tuple[int, int, Tuple[int, ...], torch.dtype]]  # name -> (offset, bytes, shape, dtype)
+
+
+def selected_partial(logits: Tensor, v_rows: Tensor) -> Tuple[Tensor, Tensor]:
+    """The CPU's partial attention over its selected rows (``ship='partial'``).
+
+    logits [B, Hq, k] float32 (-inf where masked); v_rows [B, Hsel, k, D] with Hsel = Hq
+    (per-head selection) or Hkv (shared: the G heads of a group read the same rows).
+    Returns (out [B, Hq, D] in v_rows' dtype, lse [B, Hq] float32); a head with no finite
+    logit has lse = -inf and out = 0 (it vanishes in the merge). Sums run in float32.
+    """
+    B, Hq, k = logits.shape
+    Hsel, D = v_rows.shape[1], v_rows.shape[-1]
+    lse = torch.logsumexp(logits, dim=-1)
+    p = torch.exp(logits - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    out = torch.matmul(p.view(B, Hsel, Hq // Hsel, k), v_rows.float())  # [B, Hsel, G, D]
+    return out.view(B, Hq, D).to(v_rows.dtype), lse
+
+
+class ShipPacker:
+    """One pinned staging buffer per key (e.g. (layer, 'ship')) holding everything a layer ships.
+
+    stager: the method's :class:`~hybridgen.kv.transfer.HostToDevice`; mode: 'logits' or 'partial'.
+    """
+
+    def __init__(self, stager: HostToDevice, mode: str):
+        self.stager = stager
+        self.mode = mode
+
+    def views(self, key: Hashable, B: int, Hq: int, Hsel: int, k: int, D: int, vdtype: torch.dtype) -> Dict[str, Any]:
+        """Host views (by name, see the module docstring) into ``key``'s staging buffer, free to
+        write; empty off the async path (nothing to stage)."""
+        if not self.stager.async_mode:
+            return {}
+        if self.mode == "partial":
+            specs = [("out", (B, Hq, D), vdtype), ("lse", (B, Hq), torch.float32)]
+        else:
+            specs = [("logits", (B, Hq, k), torch.float32), ("v", (B, Hsel, k, D), vdtype)]
+        layout: Layout = {}
+        off = 0
+        for name, shape, dt in specs:
+            n = math.prod(shape) * dt.itemsize
+            layout[name] = (off, n, shape, dt)
+            off += -(-n // ALIGN) * ALIGN
+        buf = self.stager.staging(key, off, torch.uint8)
+        out: Dict[str, Any] = {name: buf[o:o + n].view(dt).view(shape) for name, (o, n, shape, dt) in layout.items()}
+        out["_buf"], out["_layout"] = buf, layout
+        return out
+
+    def send(self, key: Hashable, host: Dict[str, Tensor], views: Dict[str, Any]) -> Tuple[Dict[str, Tensor], Any]:
+        """Ship ``host`` (name -> tensor; written into ``views`` unless already there) with one
+        copy. Returns (name -> device tensor, the copy's event or None)."""
+        if not views:  # sync path: nothing staged
+            return {name: t.to(self.stager.device) for name, t in host.items()}, None
+        for name, t in host.items():
+            if views[name].data_ptr() != t.data_ptr():
+                views[name].copy_(t)
+        dev, ev = self.stager.send(key, views["_buf"])
+        return {name: dev[o:o + n].view(dt).view(shape) for name, (o, n, shape, dt) in views["_layout"].items()}, ev

@@ -1,0 +1,64 @@
+"""Full attention: every token's KV on the gpu tier, dense attention. The reference, not a baseline."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, List, Optional
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from hybridgen.attention import partial_attention
+from hybridgen.kv import KVSegment
+from hybridgen.methods.protocol import KVMethod, MethodContext
+
+
+def sdpa_decode(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Torch's scaled_dot_product_attention (flash / memory-efficient on CUDA) over GQA KV.
+
+    q [B, Hq, 1, D]; k, v [B, Hkv, T, D] (views with stride 1 in D); returns [B, Hq, 1, D].
+    """
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+@dataclass
+class Full(KVMethod):
+    """Dense attention over the whole context with all KV on the gpu tier.
+
+    Capacity for prompt + generated tokens is reserved at prefill, so decode never reallocates.
+    On CUDA without padding, decode runs torch's fused SDPA (:func:`sdpa_decode`), so the
+    reference is as fast as torch makes dense attention; elsewhere ``partial_attention``.
+    """
+
+    name: ClassVar[str] = "full"
+
+    def bind(self, ctx: MethodContext) -> None:
+        super().bind(ctx)
+        self.segments: List[Optional[KVSegment]] = [None] * ctx.num_layers
+
+    def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        ctx = self.ctx
+        seg = KVSegment(ctx.store["gpu"], k.shape[0], ctx.num_kv_heads, ctx.head_dim, k.dtype,
+                        f"layer{layer}/gpu", capacity=ctx.max_len,
+                        with_mask=valid is not None and not bool(valid.all()))
+        seg.append(k, v, valid)
+        self.segments[layer] = seg
+
+    def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        seg = self.segments[layer]
+        seg.append(k, v)
+        if q.is_cuda and seg.mask is None:  # the GPU reference runs torch's fused kernels, not ours
+            return sdpa_decode(q, seg.k, seg.v, self.ctx.scale)
+        out, _ = partial_attention(q, seg.k, seg.v, self.ctx.scale, seg.mask)
+        return out
+
+    def release(self) -> None:
+        for seg in getattr(self, "segments", []):
+            if seg is not None:
+                seg.release()
+        self.segments = []
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: dense attention over the whole context on the GPU."""
+        from hybridgen.perf.costs import full_cost
+
+        return full_cost(c)

@@ -1,0 +1,235 @@
+"""Predicted vs measured rows on THIS machine, measured in the same process (source ``this-machine``).
+
+1. A measured profile (:func:`measure_profile`): the host figures by the machinery of
+   ``python -m hybridgen.profile`` (read bandwidth, CPU attention, key scan, group score,
+   top-k, the fixed cost of one host op), in the run's dtype. Without CUDA the methods'
+   'gpu' tier is emulated on the CPU, so the profile's gpu / link entries are the CPU's
+   own rates, measured here: ``gpu.attention_gbps`` (and ``gqa_attention_gbps``) = CPU
+   ``partial_attention`` over the KV (what the emulated GPU partials run), ``hbm_gbps`` =
+   the host read bandwidth, ``launch_us`` = ``host.op_us`` = one small torch op,
+   ``matmul_tflops`` = a CPU matmul, every ``link`` copy rate = a host memcpy (what a
+   host->'gpu' copy is here), ``latency_us`` = one small copy, and
+   ``gpu.emulated_on_host = true``: the two branches share the cores, so the model adds
+   them instead of taking their max, and host KV is not pinned. On a CUDA machine the
+   profile's gpu / link sections are measured on the GPU instead (``measure_gpu``).
+2. Real per-layer decode runs (:func:`hybridgen.testing.MethodDriver`, seeded random
+   q/k/v, no history) of ``full``, ``hybrid-exact``, ``hybridgen`` (top-k 5%, not
+   pipelined), FlexGen streaming and FlexGen CPU attention, 90% of the KV on the host, at
+   two shapes, each run right after a profile measurement; measured = the median step time /
+   layers (the first, warm-up step with any kernel compilation excluded), predicted =
+   ``predict_step(method, ...).attention_layer_s`` on the profile measured just before;
+   a row is the median over the rounds of each (see :func:`local_rows`).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from hybridgen.perf.predict import predict_step
+from hybridgen.perf.probe_rows import Row
+from hybridgen.perf.profiles import HardwareProfile, profile_from_dict
+from hybridgen.perf.shapes import ModelShape, Workload
+
+SOURCE = "this-machine"
+GPU_BUDGET = 0.1
+TOPK = 0.05
+# (label, registered method, parameters): 90% of the KV on the host for every split method
+METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
+    ("full", "full", {}),
+    ("hybrid-exact", "hybrid-exact", {"gpu_budget": GPU_BUDGET}),
+    ("hybridgen", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False}),
+    ("flexgen-stream", "flexgen", {"gpu_budget": GPU_BUDGET}),
+    ("flexgen-cpu", "flexgen", {"gpu_budget": GPU_BUDGET, "attention_on": "cpu"}),
+)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LocalShape:
+    """One validation shape: batch, query heads, KV heads, head dim, prompt tokens."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tokens: int
+
+    @property
+    def tuple(self) -> Tuple[int, int, int, int, int]:
+        return (self.batch, self.heads, self.kv_heads, self.head_dim, self.tokens)
+
+    def label(self) -> str:
+        return f"B={self.batch} Hq={self.heads} Hkv={self.kv_heads} D={self.head_dim} T={self.tokens}"
+
+
+SHAPES = (LocalShape(1, 32, 8, 128, 8192), LocalShape(2, 32, 8, 128, 8192))
+TINY = (LocalShape(1, 8, 2, 64, 1024),)
+
+
+def _gbps(nbytes: float, seconds: float) -> float:
+    return round(nbytes / seconds / 1e9, 3)
+
+
+def _memcpy_gbps(nbytes: int, reps: int) -> float:
+    from hybridgen.timing import median_time
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return _gbps(nbytes, median_time(lambda: dst.copy_(src), reps))
+
+
+def _matmul_tflops(reps: int) -> float:
+    from hybridgen.timing import median_time
+
+    n = 512
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return round(2 * n ** 3 / median_time(lambda: a @ b, reps) / 1e12, 4)
+
+
+def measure_profile(shape: Optional[LocalShape] = None, dtype: str = "fp32", reps: int = 3,
+                    dram_bytes: int = 128 << 20) -> Dict[str, Any]:
+    """The measured profile dict of this machine (schema of hybridgen/profiles); CPU kernel
+    rates at ``shape`` (default: the profiler's Llama-3.1-8B layer, batch 8, 8192 tokens) in
+    ``dtype``."""
+    from hybridgen import profile as prof
+    from hybridgen.eval.environment import cpu_model
+
+    shape = shape or LocalShape(8, 32, 8, 128, 8192)
+    cfg = prof.ProfileConfig(dram_bytes=dram_bytes, cpu_tokens=shape.tokens, reps=reps)
+    t0 = time.perf_counter()
+    nodes = prof.measure_numa_nodes(cfg)
+    cpu = prof.measure_cpu_kernels(cfg, dtypes=(dtype,), shape={"batch": shape.batch, "heads": shape.heads,
+                                                                "kv_heads": shape.kv_heads,
+                                                                "head_dim": shape.head_dim})
+    read = next((n["read_gbps"] for n in nodes if n["kind"] == "dram" and n.get("read_gbps")), None)
+    how = "measured in-process by hybridgen.perf.validate (the machinery of python -m hybridgen.profile)"
+    gpu_meas = prof.measure_gpu(cfg) if torch.cuda.is_available() else None
+    if gpu_meas is not None:
+        gpu, link = gpu_meas["gpu"], dict(gpu_meas["link"], name="host<->GPU link (measured)")
+        gpu_how = how + " on the CUDA device"
+    else:
+        memcpy = _memcpy_gbps(dram_bytes // 2, reps)
+        op_us = cpu["op_us"]
+        att = cpu["cpu_attention_gbps"][dtype]
+        gpu = {"name": "emulated on the host CPU (no CUDA)", "memory_gb": prof._mem_gb(), "hbm_gbps": read,
+               "attention_gbps": att, "gqa_attention_gbps": att, "matmul_tflops": _matmul_tflops(reps),
+               "launch_us": op_us, "emulated_on_host": True}
+        link = {"name": "host memcpy (emulated host->gpu copy)", "h2d_pinned_gbps": memcpy, "h2d_pageable_gbps": memcpy,
+                "d2h_pinned_gbps": memcpy, "d2h_pageable_gbps": memcpy, "latency_us": op_us}
+        gpu_how = (how + "; no CUDA: the CPU's own rates (attention = CPU partial_attention, hbm = host read, "
+                   "launch = one small torch op, link = host memcpy)")
+    host = {"cpu": cpu_model(), "cores": os.cpu_count(), "dram_gb": prof._mem_gb(), "dram_read_gbps": read,
+            "cpu_attention_gbps": cpu["cpu_attention_gbps"], "key_scan_gbps": cpu["key_scan_gbps"],
+            "topk_gbps": cpu["topk_gbps"], "group_score_gbps": cpu["group_score_gbps"], "op_us": cpu["op_us"],
+            "gather_gbps": cpu["gather_gbps"],
+            "key_scan_pinned_gbps": cpu["key_scan_pinned_gbps"],
+            "cpu_attention_pinned_gbps": cpu["cpu_attention_pinned_gbps"],
+            "numa_nodes": [{"node": n["node"], "kind": n["kind"], "read_gbps": n.get("read_gbps"),
+                            "capacity_gb": n.get("capacity_gb")} for n in nodes]}
+    return {"name": "this-machine", "measured": True, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "description": f"measured in-process on {platform.node() or 'this machine'} ({cpu_model()})",
+            "gpu": gpu, "link": link, "host": host, "cxl": None,
+            "sources": {"gpu": gpu_how, "link": gpu_how, "host": how},
+            "host_info": {"torch_threads": torch.get_num_threads(), "shape": list(shape.tuple), "dtype": dtype,
+                          "key_scan_backend": cpu["key_scan_backend"],
+                          "elapsed_s": round(time.perf_counter() - t0, 1)}}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def measure_layer(name: str, params: Dict[str, Any], shape: LocalShape, steps: int, dtype: torch.dtype,
+                  device: str, layers: int = 2, seed: int = 0) -> Tuple[float, List[float]]:
+    """(median seconds per layer of one decode step, every timed step's per-layer seconds)."""
+    from hybridgen.methods import build_method
+    from hybridgen.testing import MethodDriver
+
+    method = build_method(name, **params)
+    driver = MethodDriver(method, shape.tuple, steps + 1, seed=seed, history=False, sync=_sync, layers=layers,
+                          dtype=dtype, device=device)
+    driver.prefill()
+    for _ in range(steps + 1):
+        driver.step()
+    method.release()
+    per_layer = [s / layers for s in driver.run.step_s[1:]]  # the first step warms up (JIT, allocations)
+    return statistics.median(per_layer), per_layer
+
+
+def median_profile(raws: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One profile dict from several measurements of the same machine: the median of every
+    numeric figure (the first dict's other values): the representative profile reported."""
+    def merge(vals: List[Any]) -> Any:
+        first = vals[0]
+        if isinstance(first, dict):
+            return {k: merge([v[k] for v in vals if isinstance(v, dict) and k in v]) for k in first}
+        if isinstance(first, list):
+            return [merge([v[i] for v in vals if isinstance(v, list) and len(v) > i]) for i in range(len(first))]
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if isinstance(first, (int, float)) and not isinstance(first, bool) and len(nums) == len(vals):
+            return statistics.median(nums)
+        return first
+    return merge(list(raws))
+
+
+def _model(shape: LocalShape, dtype: str) -> ModelShape:
+    return ModelShape(name="validation-layer", num_layers=2, hidden_size=shape.heads * shape.head_dim,
+                      num_heads=shape.heads, num_kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                      intermediate_size=4 * shape.heads * shape.head_dim, vocab_size=32000,
+                      weight_bytes=4 if dtype == "fp32" else 2)
+
+
+def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: int = 5, dtype: str = "fp32",
+               reps: int = 3) -> Tuple[List[Row], List[Dict[str, Any]]]:
+    """(rows, the measured profile dict of each shape): every method of METHODS at every shape.
+
+    Per shape, ``rounds`` times, for each method in turn: measure the profile at that shape,
+    predict the method's layer with it, then run the method ``steps`` timed steps (after a
+    warm-up step): one (predicted, measured) pair, taken while the machine's load is the same
+    for both (a shared machine is noisy). A row is the median of its pairs' predictions and
+    the median of their measurements (every pair is kept); the reported profile is the
+    median of the shape's measurements.
+    """
+    from hybridgen.methods import build_method
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, profiles = [], []
+    for shape in shapes:
+        model = _model(shape, dtype)
+        # the context at the middle timed step (prompt + generated tokens)
+        work = Workload(batch=shape.batch, context=shape.tokens + 1 + steps // 2, dtype=dtype)
+        raws: List[Dict[str, Any]] = []
+        pairs: Dict[str, List[Tuple[float, float]]] = {label: [] for label, _, _ in METHODS}
+        for _ in range(rounds):
+            for label, name, params in METHODS:  # interleaved: the load of the moment hits both alike
+                raw = measure_profile(shape, dtype=dtype, reps=reps)
+                raws.append(raw)
+                hw = profile_from_dict(raw, where="measured profile of this machine")
+                pred = predict_step(build_method(name, **params), model, work, hw).attention_layer_s
+                meas = statistics.median(measure_layer(name, params, shape, steps, DTYPES[dtype], device)[1])
+                pairs[label].append((pred, meas))
+        rep = median_profile(raws)
+        rep["host_info"]["rounds"] = rounds
+        profiles.append(rep)
+        hw_rep: HardwareProfile = profile_from_dict(rep, where="measured profile of this machine")
+        for label, name, params in METHODS:
+            preds = [p for p, _ in pairs[label]]
+            meas = [m for _, m in pairs[label]]
+            breakdown = predict_step(build_method(name, **params), model, work, hw_rep).breakdown
+            rows.append(Row(f"{label} {shape.label()}", SOURCE, statistics.median(preds), statistics.median(meas),
+                            note=f"per-layer decode; median over {len(meas)} (profile, run) pairs, each run the "
+                                 f"median of {steps} steps after a warm-up",
+                            extra={"method": label, "shape": list(shape.tuple),
+                                   "pairs_ms": [[round(p * 1e3, 3), round(m * 1e3, 3)] for p, m in pairs[label]],
+                                   "measured_min_s": min(meas), "measured_max_s": max(meas),
+                                   "loadavg": [round(x, 2) for x in os.getloadavg()],
+                                   "breakdown_ms": {k: round(v * 1e3, 3) for k, v in breakdown.items()
+                                                    if k.endswith("_s")}}))
+    return rows, profiles

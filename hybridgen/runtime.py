@@ -1,0 +1,122 @@
+"""Thread and environment settings of every entry point, applied in one place and recorded.
+
+Every script and command calls :func:`apply` first, before anything imports torch::
+
+    from hybridgen import runtime
+    runtime.apply_or_exit()              # or apply(torch_threads=8, scan_threads=15)
+    import torch
+
+(``apply_or_exit`` is ``apply`` for a script's first lines: a bad setting prints one line and
+exits with status 2.)
+
+What it sets (a value already in the environment wins, so a user can still override it):
+
+- ``NUMBA_THREADING_LAYER=workqueue``: numba's OpenMP layer clashes with torch's (matmuls
+  about 25x slower on the 2-core development machine; docs/design.md, thread runtime).
+- ``OMP_WAIT_POLICY=passive``: idle OpenMP threads sleep instead of spinning (a 2-thread
+  decode step was ~15x slower with spinning while other processes shared the cores). libgomp
+  reads it when torch loads it, so it only takes effect if torch is not imported yet; the
+  record says whether it was (``torch_loaded_before``).
+- ``TOKENIZERS_PARALLELISM=false`` (the tokenizers' own thread pool forks badly with ours),
+  and, with ``offline=True``, the Hugging Face offline switches.
+- Thread counts: torch's intra-op threads (``torch_threads``) and the CPU key scan's threads
+  (``scan_threads``, kept in ``HYBRIDGEN_SCAN_THREADS``; default: torch's thread count).
+
+It then imports torch (so torch is loaded before anything imports numba) and records what it
+applied; :func:`record` returns that record, and ``hybridgen.eval.environment.environment()``
+puts it into every run's ``environment.json``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, Optional
+
+from hybridgen.errors import ConfigError, cli_errors
+
+#: variables every entry point sets (unless the environment already has them)
+THREAD_ENV: Dict[str, str] = {
+    "NUMBA_THREADING_LAYER": "workqueue",
+    "OMP_WAIT_POLICY": "passive",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+#: Hugging Face switches: models and data come from disk only
+OFFLINE_ENV: Dict[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+SCAN_THREADS_VAR = "HYBRIDGEN_SCAN_THREADS"
+
+_record: Dict[str, Any] = {}
+
+
+def _positive_int(value: Any, what: str) -> int:
+    """``value`` as an int >= 1, or a one-line ConfigError naming ``what``."""
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{what} must be a whole number of threads >= 1, got {value!r}") from None
+    if n < 1:
+        raise ConfigError(f"{what} must be a whole number of threads >= 1, got {value!r}")
+    return n
+
+
+def scan_threads() -> int:
+    """Threads of the CPU key scan: ``HYBRIDGEN_SCAN_THREADS`` if set, else torch's thread count."""
+    return _scan_threads()
+
+
+def _scan_threads() -> int:
+    raw = os.environ.get(SCAN_THREADS_VAR)
+    if raw is None or raw.strip() == "":
+        import torch
+
+        return max(1, torch.get_num_threads())
+    return _positive_int(raw, f"{SCAN_THREADS_VAR} (threads of the CPU key scan; e.g. {SCAN_THREADS_VAR}=4)")
+
+
+def apply(*, torch_threads: Optional[int] = None, scan_threads: Optional[int] = None,
+          offline: bool = True) -> Dict[str, Any]:
+    """Set the environment and thread counts of this process; return (and keep) the record.
+
+    torch_threads: torch's intra-op threads (None: leave torch's default).
+    scan_threads: the CPU key scan's threads (None: keep ``HYBRIDGEN_SCAN_THREADS`` if set,
+    else follow torch's count). A bad value of either, or of ``HYBRIDGEN_SCAN_THREADS``,
+    raises a one-line ConfigError before anything runs. Safe to call more than once: the
+    record's ``given`` and ``torch_loaded_before`` describe the process before the first call.
+    """
+    # every value is checked before anything is changed
+    n_torch = None if torch_threads is None else _positive_int(torch_threads, "torch_threads")
+    n_scan = None if scan_threads is None else _positive_int(scan_threads, "scan_threads")
+    if n_scan is None and os.environ.get(SCAN_THREADS_VAR, "").strip():
+        _scan_threads()  # a bad HYBRIDGEN_SCAN_THREADS fails here, before anything runs
+    torch_loaded_before = "torch" in sys.modules
+    wanted = dict(THREAD_ENV, **(OFFLINE_ENV if offline else {}))
+    given = {k: os.environ[k] for k in wanted if k in os.environ}
+    for key, value in wanted.items():
+        os.environ.setdefault(key, value)
+    if n_scan is not None:
+        os.environ[SCAN_THREADS_VAR] = str(n_scan)
+    import torch  # noqa: F401  (after OMP_WAIT_POLICY; before anything imports numba)
+
+    if n_torch is not None:
+        torch.set_num_threads(n_torch)
+    first = not _record  # a later call (e.g. with the command line's thread counts) keeps what the first saw
+    _record.update({
+        "env": {k: os.environ.get(k) for k in (*wanted, SCAN_THREADS_VAR)},
+        "given": sorted(given) if first else _record["given"],  # set before us: their values won
+        "torch_loaded_before": torch_loaded_before if first else _record["torch_loaded_before"],
+    })
+    return record()
+
+
+def apply_or_exit(**kwargs: Any) -> Dict[str, Any]:
+    """:func:`apply` for a script's first lines: a bad setting prints ``error: <one line>`` and exits 2."""
+    return cli_errors(apply)(**kwargs)
+
+
+def record() -> Dict[str, Any]:
+    """What :func:`apply` set, with the thread counts as they are now ({'applied': False} if never called)."""
+    if not _record:
+        return {"applied": False}
+    import torch
+
+    return dict(_record, env=dict(_record["env"]), applied=True, torch_threads=torch.get_num_threads(),
+                scan_threads=_scan_threads())

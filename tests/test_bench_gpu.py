@@ -1,0 +1,62 @@
+"""benchmarks/gpu (the GPU script's sections): it imports no harness package, builds the methods
+through the public registry with one gpu_budget, orders its grid target-first and keeps a
+time reserve. The whole CPU smoke run is tests/test_perf_benchmarks.py (slow)."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu.config import BenchConfig, Clock, make_method  # noqa: E402
+from benchmarks.gpu.layer import grid  # noqa: E402
+from hybridgen.methods import Budget  # noqa: E402
+
+HARNESS = ("hydra", "omegaconf", "lm_eval", "datasets", "transformers", "tokenizers", "experiments")
+
+
+def test_imports_no_harness_package():
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from hybridgen import runtime
+        runtime.apply()
+        from benchmarks.gpu import main, e2e, kernels, layer, projection, report, scan  # noqa: F401
+        from benchmarks.gpu.config import METHODS, make_method
+        from hybridgen.model import load_model  # noqa: F401  (what the e2e section loads)
+        for name in METHODS:
+            make_method(name, 0.9, 0.05)
+        print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HARNESS!r})))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("name,reg", [("hybrid-exact", "hybrid-exact"), ("hybridgen", "hybridgen"),
+                                      ("flexgen-stream", "flexgen"), ("flexgen-cpu", "flexgen")])
+def test_methods_get_gpu_budget_one_minus_host_share(name, reg):
+    m = make_method(name, 0.9, 0.05)
+    assert m.name == reg and m.gpu_budget == Budget(ratio=0.1)
+    if reg == "flexgen":
+        assert m.attention_on == ("gpu" if name == "flexgen-stream" else "cpu")
+    if reg == "hybridgen":
+        assert m.topk_ratio == 0.05
+    assert make_method("hybridgen", 0.9, None, {"min_stand_in_cos": -1.0}).min_stand_in_cos == -1.0
+
+
+def test_grid_runs_the_target_first_and_full_once_per_context():
+    cfg = BenchConfig.smoke()
+    order = grid(cfg)
+    assert order[:5] == [(512, 0.9, m) for m in ("full", "hybrid-exact", "hybridgen", "flexgen-stream", "flexgen-cpu")]
+    assert sorted(c for c, _, m in order if m == "full") == [256, 512]
+    assert len(order) == len(set(order)) == 2 + 2 * 2 * 4
+
+
+def test_clock_keeps_margin_and_reserve():
+    clock = Clock(budget_s=100.0, margin_s=30.0)
+    assert 69.0 < clock.left() <= 70.0
+    assert not clock.expired() and not clock.expired(reserve_s=60.0) and clock.expired(reserve_s=71.0)

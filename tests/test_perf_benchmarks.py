@@ -1,0 +1,39 @@
+"""The benchmarks that use the performance model: projected tables and the GPU script's CPU smoke run."""
+from __future__ import annotations
+
+import pytest
+
+from hybridgen import perf as pm
+
+
+def test_projected_table_script_writes_labelled_outputs(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "benchmarks/projected_table.py", "--profiles", "a100-80gb-cxl,rtx5090",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=pm.PROFILE_DIR.parents[1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    md = (tmp_path / "projected.md").read_text()
+    assert md.startswith("# PROJECTED") and md.count("PROJECTED") >= 3
+    rows = (tmp_path / "a100-80gb-cxl.csv").read_text().splitlines()
+    assert rows[0].startswith("profile,context,host_share,projected") and len(rows) == 1 + 16
+    assert (tmp_path / "rtx5090-e2e.csv").exists()
+
+
+@pytest.mark.slow
+def test_bench_gpu_cpu_smoke_runs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    env.pop("OUT", None)
+    res = subprocess.run([sys.executable, "benchmarks/bench_gpu.py", "--cpu-smoke", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, cwd=pm.PROFILE_DIR.parents[1], env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    md = (tmp_path / "bench_gpu.md").read_text()
+    assert "CPU SMOKE RUN" in md and "## Targets" in md
+    csv_text = (tmp_path / "bench_gpu.csv").read_text()
+    for method in ("full", "hybrid-exact", "hybridgen", "flexgen-stream", "flexgen-cpu"):
+        assert f",{method}," in csv_text

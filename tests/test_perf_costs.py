@@ -1,0 +1,114 @@
+"""hybridgen.perf cost terms: each one moves the prediction the way it should."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hybridgen import perf as pm
+from hybridgen.perf.costs import cpu_attention_split_cost, full_cost, hybridgen_cost
+
+LLAMA8B = pm.ModelShape(name="llama-3.1-8b-shape", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+                        head_dim=128, intermediate_size=14336, vocab_size=128256)
+MHA = dataclasses.replace(LLAMA8B, name="mha", num_kv_heads=32)
+W = pm.Workload(batch=8, context=32768)
+
+
+def ctx(shape=LLAMA8B, w=W, gpu=None, **host) -> pm.CostContext:
+    prof = pm.load_profile("h200-host")
+    prof = dataclasses.replace(prof, host=dataclasses.replace(prof.host, **host))
+    if gpu:
+        prof = dataclasses.replace(prof, gpu=dataclasses.replace(prof.gpu, **gpu))
+    return pm.CostContext(shape, w, prof)
+
+
+def hg(c, **kw):
+    args = dict(gpu_budget=0.1, topk_ratio=0.05, pipelined=False, mapping="dram")
+    args.update(kw)
+    return hybridgen_cost(c, **args)
+
+
+def test_fixed_per_layer_cost_grows_with_op_and_launch_costs():
+    cheap, dear = ctx(op_us=1.0), ctx(op_us=100.0)
+    for cost in (lambda c: hg(c), lambda c: cpu_attention_split_cost(c, 0.1)):
+        a, b = cost(cheap), cost(dear)
+        assert b.attn > a.attn and b.breakdown["fixed_s"] > a.breakdown["fixed_s"]
+    slow_launch = ctx(gpu={"launch_us": 50.0})
+    assert full_cost(slow_launch).attn > full_cost(ctx()).attn
+    # at a 98% GPU share the fixed cost dominates the split: ~1 ms measured on the H200, not ~0.2
+    split = cpu_attention_split_cost(pm.CostContext(MHA, pm.Workload(batch=8, context=4096), pm.load_profile("h200-host")),
+                                     0.98, pinned=False, serial=True)
+    assert 0.8e-3 < split.attn < 1.2e-3
+
+
+def test_work_after_the_wait_is_serial_not_inside_the_max():
+    c = ctx(key_scan_pinned_gbps={"bf16": 5000.0}, topk_gbps=5000.0, group_score_gbps=5000.0, op_us=0.0,
+            dram_read_gbps=5000.0)
+    lay = hg(c, gpu_budget=0.5, topk_ratio=0.01)
+    br = lay.breakdown
+    assert lay.cpu < br["gpu_pre_s"]                          # the CPU branch is hidden
+    assert lay.attn == pytest.approx(br["gpu_pre_s"] + br["after_wait_s"])
+    assert lay.attn > max(lay.cpu, br["gpu_pre_s"])            # the softmax after the wait adds
+    slow = hg(ctx(), gpu_budget=0.5, topk_ratio=0.01)          # CPU-bound: CPU branch + after
+    assert slow.attn == pytest.approx(slow.cpu + slow.breakdown["after_wait_s"])
+    split = cpu_attention_split_cost(ctx(), 0.5)
+    assert split.attn == pytest.approx(max(split.cpu, split.breakdown["gpu_attn_s"]) + split.breakdown["after_wait_s"])
+
+
+def test_serial_start_adds_the_gpu_part():
+    c = ctx()
+    assert hg(c, serial=True).attn > hg(c).attn
+    assert cpu_attention_split_cost(c, 0.5, serial=True).attn > cpu_attention_split_cost(c, 0.5).attn
+
+
+def test_pinned_host_keys_scan_slower_and_are_the_default_with_a_gpu():
+    c = ctx()
+    pinned, pageable = hg(c, pinned=True), hg(c, pinned=False)
+    assert pinned.breakdown["scan_rate_gbps"] == c.hw.host.key_scan_pinned_gbps["bf16"]
+    assert pageable.breakdown["scan_rate_gbps"] == c.hw.host.key_scan_gbps["bf16"]
+    assert pinned.attn > pageable.attn
+    assert hg(c).attn == pinned.attn                           # kv/tiers.py pins host KV when CUDA exists
+    exact_p, exact_u = cpu_attention_split_cost(c, 0.1, pinned=True), cpu_attention_split_cost(c, 0.1, pinned=False)
+    assert exact_p.breakdown["cpu_attn_s"] > exact_u.breakdown["cpu_attn_s"]
+    emulated = ctx(gpu={"emulated_on_host": True})
+    assert hg(emulated).breakdown["scan_rate_gbps"] == c.hw.host.key_scan_gbps["bf16"]  # nothing pinned there
+    # an fp32 workload has no pinned fp32 figure: the pageable fp32 (row-major) rate
+    c32 = ctx(w=pm.Workload(batch=8, context=32768, dtype="fp32"))
+    assert hg(c32).breakdown["scan_rate_gbps"] == c.hw.host.key_scan_gbps["fp32"] == 61.5
+
+
+def test_group_score_and_topk_rates_are_priced():
+    fast, slow_group, slow_topk = ctx(), ctx(group_score_gbps=0.5), ctx(topk_gbps=0.5)
+    base = hg(fast)
+    assert base.breakdown["group_score_s"] > 0
+    assert hg(slow_group).attn > base.attn and hg(slow_topk).attn > base.attn
+    per_head = hg(fast, per_head=True)
+    assert per_head.breakdown["group_score_s"] == 0.0         # per-head selection has no group score
+    assert per_head.breakdown["topk_s"] == pytest.approx(4 * base.breakdown["topk_s"])  # Hq rows, not Hkv
+    # without a group-score figure the top-k rate prices it
+    no_group = ctx(group_score_gbps=None, topk_gbps=1.0)
+    assert hg(no_group).breakdown["group_score_s"] == pytest.approx(8 * 32 * round(0.9 * 32768) * 4 / 1e9)
+
+
+def test_gqa_rate_prices_the_unfused_partials_not_full_or_mha():
+    slow_gqa = {"gqa_attention_gbps": 100.0}
+    assert full_cost(ctx(gpu=slow_gqa)).attn == pytest.approx(full_cost(ctx()).attn)     # fused SDPA
+    a, b = cpu_attention_split_cost(ctx(), 0.5), cpu_attention_split_cost(ctx(gpu=slow_gqa), 0.5)
+    assert b.breakdown["gpu_attn_s"] > a.breakdown["gpu_attn_s"]
+    mha = cpu_attention_split_cost(ctx(MHA, gpu=slow_gqa), 0.5).breakdown["gpu_attn_s"]
+    assert mha == pytest.approx(cpu_attention_split_cost(ctx(MHA), 0.5).breakdown["gpu_attn_s"])
+
+
+def test_an_emulated_gpu_adds_the_branches():
+    real, emulated = ctx(), ctx(gpu={"emulated_on_host": True})
+    r, e = cpu_attention_split_cost(real, 0.5, pinned=False), cpu_attention_split_cost(emulated, 0.5, pinned=False)
+    assert e.attn == pytest.approx(e.cpu + e.breakdown["gpu_attn_s"] + e.breakdown["after_wait_s"])
+    assert e.attn > r.attn
+
+
+def test_a_measured_row_gather_rate_slows_the_gathers():
+    base = hg(ctx(), pipelined=True)
+    slow = hg(ctx(gather_gbps=0.5), pipelined=True)
+    assert slow.breakdown["gather_s"] > base.breakdown["gather_s"]
+    assert slow.breakdown["exact_logits_s"] > base.breakdown["exact_logits_s"]
+    assert slow.attn > base.attn
