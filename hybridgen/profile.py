@@ -382,20 +382,9 @@ def check_out(out: Path, force: bool) -> None:
         raise ConfigError(f"--out {out} is a directory; give a file name, e.g. --out {out / 'measured.json'}")
     if out.exists() and not force:
         raise ConfigError(f"--out {out} already exists; pass --force to overwrite it, or choose another --out")
-    probe = out.parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"--out {out}: {probe} is a file, not a directory; choose another --out")
-    import tempfile
+    from hybridgen.results import check_writable
 
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".hybridgen-write-test-", dir=probe)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as err:
-        raise ConfigError(f"--out {out} is not writable (cannot create a file in {probe}: {err.strerror or err}); "
-                          "choose another --out") from None
+    check_writable(out.parent, name="--out directory", fix="choose another --out")
 
 
 @cli_errors

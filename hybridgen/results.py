@@ -112,27 +112,27 @@ def hardware_part(device: str, dtype: str, num_layers: int) -> str:
 
 
 # ----------------------------------------------------------------------------- checks
-def check_writable(root: os.PathLike | str) -> None:
-    """One-line ConfigError unless results can be written under ``root``; creates nothing.
+def check_writable(root: os.PathLike | str, name: str = "results_dir", fix: str = "choose a writable results_dir=DIR"
+                   ) -> None:
+    """One-line ConfigError unless files can be written under ``root``; creates nothing.
 
     The nearest existing ancestor must be a directory in which a file can be created (tried
     with a temporary file that is removed at once; permission bits alone do not tell for root
-    or for read-only mounts).
+    or for read-only mounts). ``name`` and ``fix`` word the message for the caller's option.
     """
     path = Path(root).expanduser()
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"results_dir={root}: {probe} is a file, not a directory; choose another results_dir=DIR")
+        raise ConfigError(f"{name}={root}: {probe} is a file, not a directory; {fix}")
     try:
         fd, tmp = tempfile.mkstemp(prefix=".hybridgen-write-test-", dir=probe)
         os.close(fd)
         os.unlink(tmp)
     except OSError as err:
         why = err.strerror or type(err).__name__
-        raise ConfigError(f"results_dir={root} is not writable (cannot create a file in {probe}: {why}); "
-                          "choose a writable results_dir=DIR") from None
+        raise ConfigError(f"{name}={root} is not writable (cannot create a file in {probe}: {why}); {fix}") from None
 
 
 def _metrics_problem(run_dir: Path) -> Optional[str]:
