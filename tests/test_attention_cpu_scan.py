@@ -11,25 +11,9 @@ import torch
 
 from hybridgen.attention import cpu_scan as cs
 from hybridgen.errors import ConfigError
-from hybridgen.kv import KVSegment, TieredStore
+from tests._scan_cases import host_segment as _segment, ref_logits as _ref_logits
 
 BACKENDS = ["torch", "numba", "native"]
-
-
-def _segment(B, H, T, D, dtype, seed=0, extra=7):
-    """A KVSegment with spare capacity, so its views are strided like the real ones."""
-    store = TieredStore()
-    seg = KVSegment(store["dram"], B, H, D, dtype, "layer0/host", capacity=T + extra)
-    g = torch.Generator().manual_seed(seed)
-    seg.append(torch.randn(B, H, T, D, generator=g).to(dtype), torch.randn(B, H, T, D, generator=g).to(dtype))
-    return seg
-
-
-def _ref_logits(q, keys, scale):
-    B, Hq, D = q.shape
-    Hkv = keys.shape[1]
-    qg = q.double().view(B, Hkv, Hq // Hkv, D)
-    return (torch.matmul(qg, keys.double().transpose(-1, -2)) * scale).view(B, Hq, -1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,6 +1,5 @@
 """Hydra configuration: every experiment composes, every method has a valid conf file, and bad
 input (misspelt key, unknown method/parameter, bad value) fails at start with one line."""
-import dataclasses
 import os
 import subprocess
 import sys
@@ -24,20 +23,6 @@ def test_the_paper_experiments_exist():
     for name in ("quickstart", "speedup", "batch_sweep", "prompt_sweep", "model_sweep", "accuracy",
                  "scheduler_trace", "mapping_ablation"):
         assert name in EXPS
-
-
-@pytest.fixture()
-def prepared_cache(tmp_path, monkeypatch):
-    """A data cache holding (tiny) files for every local dataset, so validation passes anywhere."""
-    data = tmp_path / "data"
-    (data / "jsonl").mkdir(parents=True)
-    for key in ("social_iqa", "winowhy", "step_inference", "strategyqa", "cause_and_effect", "physical_intuition"):
-        (data / "jsonl" / f"bigbench_{key}.jsonl").write_text("{}\n")
-    (data / "jsonl" / "ppl_pg-text.jsonl").write_text("{}\n")
-    for d in ("essays", "pg-text"):
-        (data / d).mkdir()
-        (data / d / "a.txt").write_text("text")
-    monkeypatch.setenv("HYBRIDGEN_CACHE", str(tmp_path))
 
 
 @pytest.mark.parametrize("exp", EXPS)

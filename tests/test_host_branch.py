@@ -3,23 +3,8 @@ import torch
 
 from hybridgen.attention import cpu_scan as cs
 from hybridgen.host_branch import host_branch, topk_count
-from hybridgen.kv import KVSegment, TieredStore
-
-
-def _segment(B, H, T, D, dtype, seed=0, extra=7):
-    """A KVSegment with spare capacity, so its views are strided like the real ones."""
-    store = TieredStore()
-    seg = KVSegment(store["dram"], B, H, D, dtype, "layer0/host", capacity=T + extra)
-    g = torch.Generator().manual_seed(seed)
-    seg.append(torch.randn(B, H, T, D, generator=g).to(dtype), torch.randn(B, H, T, D, generator=g).to(dtype))
-    return seg
-
-
-def _ref_logits(q, keys, scale):
-    B, Hq, D = q.shape
-    Hkv = keys.shape[1]
-    qg = q.double().view(B, Hkv, Hq // Hkv, D)
-    return (torch.matmul(qg, keys.double().transpose(-1, -2)) * scale).view(B, Hq, -1)
+from hybridgen.kv import TieredStore
+from tests._scan_cases import host_segment as _segment, ref_logits as _ref_logits
 
 
 def test_host_branch_exact_logits_and_counts():

@@ -1,46 +1,16 @@
 """`hybridgen` through the engine (tiny random Llama with GQA): top-k 1.0 equals `full` with
 and without cross-layer pipelining; speculation runs, records cosines, and is exact-logit."""
-import json
-
 import pytest
 import torch
 
 from hybridgen.hybrid import HybridGen
 from hybridgen.methods import Budget
-from hybridgen.model import load_model
-
-TINY_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=300, hidden_size=64,
-                  num_hidden_layers=3, intermediate_size=96, num_attention_heads=8, num_key_value_heads=2,
-                  max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5, hidden_act="silu",
-                  tie_word_embeddings=False)
-
+from hybridgen.eval.generation import teacher_forced_logits
+from tests._tiny_llama import prompt as _prompt, tiny_llama
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    eng = load_model(str(path), weights="random", seed=3, tokenizer=False)
-    # scale the random init up so attention is far from uniform and tokens differ
-    with torch.no_grad():
-        for lw in eng.weights.layers:
-            lw.qkv.mul_(8.0)
-    return eng
-
-
-def _prompt(B=2, T=96, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 300, (B, T), generator=g)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, :17] = 0  # left padding in the second row
-    return ids, mask
-
-
-def _teacher_forced(engine, method, ids, mask, tokens):
-    out = [engine.prefill(ids, mask, method, max_new_tokens=tokens.shape[1])]
-    for t in range(tokens.shape[1] - 1):
-        out.append(engine.decode_step(tokens[:, t], method))
-    engine.release()
-    return torch.stack(out, 1)
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.mark.parametrize("pipeline", [False, True])
@@ -50,7 +20,7 @@ def test_engine_topk_one_equals_full(engine, pipeline, per_head):
     ref = engine.generate(ids, "full", max_new_tokens=12, attention_mask=mask, return_logits=True)
     m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, pipeline=pipeline, per_head=per_head, min_topk=0,
                   min_stand_in_cos=0.0)
-    lg = _teacher_forced(engine, m, ids, mask, ref.tokens)
+    lg = teacher_forced_logits(engine, m, ids, mask, ref.tokens)
     err = float((lg - ref.logits).abs().max() / ref.logits.abs().max())
     assert err < 1e-4
     if pipeline:
@@ -68,7 +38,7 @@ def test_engine_speculative_logits_run_and_stay_close(engine):
     ref = engine.generate(ids, "full", max_new_tokens=8, attention_mask=mask, return_logits=True)
     m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, speculative_logits=True, min_topk=0,
                   min_stand_in_cos=0.0)
-    lg = _teacher_forced(engine, m, ids, mask, ref.tokens)
+    lg = teacher_forced_logits(engine, m, ids, mask, ref.tokens)
     assert torch.isfinite(lg).all()
     assert m.stats["exact_logit_recomputes"] == 0 and m.stats["speculative_scans"] > 0
     # stand-in logits differ from the true ones, so the output differs from full (but is no garbage)
@@ -92,7 +62,7 @@ def test_poor_stand_in_layers_fall_back_to_the_true_query(engine):
     ids, mask = _prompt(seed=3)
     ref = engine.generate(ids, "full", max_new_tokens=6, attention_mask=mask, return_logits=True)
     m = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, min_topk=0, min_stand_in_cos=1.0)
-    lg = _teacher_forced(engine, m, ids, mask, ref.tokens)
+    lg = teacher_forced_logits(engine, m, ids, mask, ref.tokens)
     assert m.stats["speculative_scans"] == 2  # layers 1 and 2 at the first decode step only
     assert all(len(v) == 5 for v in m.trace["cosine"].values())  # still measured at all 5 steps
     assert float((lg - ref.logits).abs().max() / ref.logits.abs().max()) < 1e-4

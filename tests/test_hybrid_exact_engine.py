@@ -3,21 +3,13 @@ import pytest
 import torch
 
 from hybridgen.errors import MissingDataError
+from hybridgen.eval.generation import teacher_forced_logits
 from hybridgen.methods import Budget, build_method
 
 pytest.importorskip("hybridgen.model")
 from hybridgen.model import load_model  # noqa: E402
 
 STEPS = 5
-
-
-def _teacher_forced_logits(engine, ids, mask, method, tokens):
-    """Prefill + decode steps fed with ``tokens`` [B, n] (the same for every method): logits [B, n, V]."""
-    out = [engine.prefill(ids, mask, method, max_new_tokens=tokens.shape[1])]
-    for i in range(tokens.shape[1] - 1):
-        out.append(engine.decode_step(tokens[:, i], method))
-    engine.release()
-    return torch.stack(out, 1)
 
 
 def _rel(a, b):
@@ -41,7 +33,7 @@ def engine_and_prompt(request):
 def test_engine_logits_equal_full(engine_and_prompt, budget, sinks):
     engine, ids, mask, ref = engine_and_prompt
     method = build_method("hybrid-exact", gpu_budget=budget, sinks=sinks)
-    logits = _teacher_forced_logits(engine, ids, mask, method, ref.tokens)
+    logits = teacher_forced_logits(engine, method, ids, mask, ref.tokens)
     assert _rel(logits, ref.logits) < 1e-5
     assert torch.equal(logits.argmax(-1), ref.tokens)
 
@@ -52,7 +44,7 @@ def test_engine_bf16_logits_close_to_full():
     ref = engine.generate(ids, "full", max_new_tokens=STEPS, return_logits=True)
     for ratio in (0.0, 0.3, 1.0):
         method = build_method("hybrid-exact", gpu_budget=Budget(ratio=ratio))
-        logits = _teacher_forced_logits(engine, ids, None, method, ref.tokens)
+        logits = teacher_forced_logits(engine, method, ids, None, ref.tokens)
         assert _rel(logits, ref.logits) < 1e-2
 
 

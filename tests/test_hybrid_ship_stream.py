@@ -2,7 +2,6 @@
 through the engine: ship='partial' equals the one-softmax path on the same selection; the
 three-way split equals `full` when everything is selected, with the streamed fraction chosen
 by the scheduler and the copy started a layer ahead; bytes shipped per step per mode."""
-import json
 import random
 
 import pytest
@@ -13,9 +12,10 @@ from hybridgen.host_ship import selected_partial
 from hybridgen.hybrid import HybridGen
 from hybridgen.methods import Budget
 from hybridgen.methods.full import Full
-from hybridgen.model import load_model
+from hybridgen.eval.generation import teacher_forced_logits
 from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
 from hybridgen.testing import MethodDriver, drive, left_padding
+from tests._tiny_llama import prompt, tiny_llama
 
 POOL = CPUAttentionPool(workers=1)
 
@@ -155,46 +155,23 @@ def test_three_way_layer_cost_is_modelled():
 
 
 # ---------------------------------------------------------------- through the engine (pipelined)
-TINY_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=300, hidden_size=64,
-                  num_hidden_layers=3, intermediate_size=96, num_attention_heads=8, num_key_value_heads=2,
-                  max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5, hidden_act="silu",
-                  tie_word_embeddings=False)
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama-ship")
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    eng = load_model(str(path), weights="random", seed=3, tokenizer=False)
-    with torch.no_grad():
-        for lw in eng.weights.layers:
-            lw.qkv.mul_(8.0)
-    return eng
-
-
-def _teacher_forced(engine, method, ids, mask, tokens):
-    out = [engine.prefill(ids, mask, method, max_new_tokens=tokens.shape[1])]
-    for t in range(tokens.shape[1] - 1):
-        out.append(engine.decode_step(tokens[:, t], method))
-    engine.release()
-    return torch.stack(out, 1)
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama-ship"))
 
 
 def test_engine_pipelined_partial_equals_logits_and_three_way_equals_full(engine):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 300, (2, 96), generator=g)
-    mask = torch.ones(2, 96, dtype=torch.long)
-    mask[1, :17] = 0
+    ids, mask = prompt()
     ref = engine.generate(ids, "full", max_new_tokens=8, attention_mask=mask, return_logits=True)
     kw = dict(gpu_budget=Budget(ratio=0.2), topk_ratio=0.1, min_topk=0, min_stand_in_cos=0.0)
-    a = _teacher_forced(engine, HybridGen(ship="logits", **kw), ids, mask, ref.tokens)
+    a = teacher_forced_logits(engine, HybridGen(ship="logits", **kw), ids, mask, ref.tokens)
     mb = HybridGen(ship="partial", **kw)
-    b = _teacher_forced(engine, mb, ids, mask, ref.tokens)
+    b = teacher_forced_logits(engine, mb, ids, mask, ref.tokens)
     assert mb.stats["speculative_scans"] > 0 and mb.stats["exact_logit_recomputes"] > 0
     assert float((a - b).abs().max() / a.abs().max()) < 1e-4
     m3 = HybridGen(gpu_budget=Budget(ratio=0.2), topk_ratio=1.0, three_way=True, min_topk=0, min_stand_in_cos=0.0,
                    ship="partial", sched_interval=2)
-    c = _teacher_forced(engine, m3, ids, mask, ref.tokens)
+    c = teacher_forced_logits(engine, m3, ids, mask, ref.tokens)
     assert float((c - ref.logits).abs().max() / ref.logits.abs().max()) < 1e-4
     assert m3.stats["streamed_tokens"] > 0
 

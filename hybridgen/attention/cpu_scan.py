@@ -152,28 +152,21 @@ def scan_logits_stats(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tens
         return q.new_zeros(B, Hq, 0, dtype=torch.float32), True, None
     if kind == "native" and not native_fits(keys.dtype, G, D):
         kind = "numba" if HAVE_NUMBA else "torch"
-    if kind == "native":
+    if kind in ("native", "numba"):  # compiled kernels: key rows read in place, fp32 query rows
         kr, cap = rows_view(keys)
         qg = q.float().reshape(B * Hkv, G, D).contiguous()
-        res = out if out is not None else torch.empty(B * Hkv, G, T, dtype=torch.float32)
-        res = res.view(B * Hkv, G, T)
-        nblk = (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
-        lib = native.lib()
-        fn = lib.hg_scan_bf16 if keys.dtype == torch.bfloat16 else lib.hg_scan_f32
-        stats = torch.empty(B * Hkv, nblk, G, 2, dtype=torch.float32) if mask is None else None
-        (pool or default_pool()).run_split(fn, B * Hkv * nblk, qg.data_ptr(), kr.data_ptr(), cap, res.data_ptr(),
-                                           float(scale), T, D, G, TOKEN_BLOCK,
-                                           stats.data_ptr() if stats is not None else None)
-        logits, exact = res.view(B, Hq, T), True
-    elif kind == "numba":
-        kr, cap = rows_view(keys)
-        qg = q.float().reshape(B * Hkv, G, D).contiguous()
-        res = out if out is not None else torch.empty(B * Hkv, G, T, dtype=torch.float32)
-        res = res.view(B * Hkv, G, T)
+        res = (out if out is not None else torch.empty(B * Hkv, G, T, dtype=torch.float32)).view(B * Hkv, G, T)
         nblk = (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
         bf16 = keys.dtype == torch.bfloat16
-        (pool or default_pool()).run_split(scan_kernel(G, bf16), B * Hkv * nblk, qg.numpy(), key_array(kr, bf16),
-                                           cap, res.numpy(), float(scale), T, TOKEN_BLOCK)
+        if kind == "native":
+            fn = native.lib().hg_scan_bf16 if bf16 else native.lib().hg_scan_f32
+            stats = torch.empty(B * Hkv, nblk, G, 2, dtype=torch.float32) if mask is None else None
+            (pool or default_pool()).run_split(fn, B * Hkv * nblk, qg.data_ptr(), kr.data_ptr(), cap, res.data_ptr(),
+                                               float(scale), T, D, G, TOKEN_BLOCK,
+                                               stats.data_ptr() if stats is not None else None)
+        else:
+            (pool or default_pool()).run_split(scan_kernel(G, bf16), B * Hkv * nblk, qg.numpy(), key_array(kr, bf16),
+                                               cap, res.numpy(), float(scale), T, TOKEN_BLOCK)
         logits, exact = res.view(B, Hq, T), True
     else:
         qg = q.reshape(B, Hkv, G, D).to(keys.dtype)
