@@ -32,7 +32,7 @@
 
 #define HG_API __attribute__((visibility("default")))
 #ifndef PF_LOCALITY
-#define PF_LOCALITY 1 /* prefetcht2 (to L2): measured within noise of, and slightly ahead of, t0 and nta */
+#define PF_LOCALITY 1 /* prefetcht2 */
 #endif
 
 /* ---------------------------------------------------------------- portable bodies */
@@ -139,17 +139,26 @@ AVX2 static inline int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Software prefetch SCAN_PREFETCH rows ahead within the job's block: the hardware prefetcher
- * alone left the cold scan at about half of its hot (in-cache) speed here (memory stalls
- * were not overlapped with the FMAs). Measured on the shared 2-core dev VM at 2, 4, 6 and
- * 12 KB ahead: 2-12 KB all beat none (0.55-0.72 of plain read -> 0.7-0.9), within noise of
- * each other; prefetches past the segment's end are harmless (they never fault). */
+/* Software prefetch SCAN_PREFETCH_BYTES ahead of the stream (prefetches past the segment's
+ * end are harmless: they never fault). An asm prefetch, not __builtin_prefetch: GCC 12 at
+ * -O3 deleted the builtin's prefetches from these tiles (the prefetch-only loop was
+ * vectorized away), so the tiles ran without them: 0.59-0.66 of plain read on cold keys at
+ * 1 thread; with them 0.78-0.83 (a C harness of this file, Llama layer, batch 8, 32K tokens,
+ * interleaved with a plain AVX2 read of the same size, 2-core dev VM).
+ * PF_LOCALITY 1 = prefetcht2, 2 = prefetcht1, 3 = prefetcht0. */
+#if PF_LOCALITY >= 3
+#define PREFETCH_LINE(a) __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)(a)))
+#elif PF_LOCALITY == 2
+#define PREFETCH_LINE(a) __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)(a)))
+#else
+#define PREFETCH_LINE(a) __asm__ volatile("prefetcht2 %0" : : "m"(*(const char *)(a)))
+#endif
 #ifndef SCAN_PREFETCH_BYTES
 #define SCAN_PREFETCH_BYTES 6144
 #endif
 static inline void prefetch_rows(const void *p, int64_t bytes, int ok) {
     if (ok)
-        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, PF_LOCALITY);
+        for (int64_t o = 0; o < bytes; o += 64) PREFETCH_LINE((const char *)p + o);
 }
 
 /* 8 accumulators -> one vector of their 8 horizontal sums (lane i = sum of a_i) */
@@ -210,14 +219,16 @@ AVX2 static inline __m256i reduce8_epi32(__m256i a0, __m256i a1, __m256i a2, __m
             for (int n = 0; n < NT_; n++)                                                           \
                 for (int g = 0; g < G_; g++) acc[n][g] = _mm256_setzero_ps();                       \
             for (int64_t d = 0; d < D; d += 16) {                                                   \
+                __m256 ke[NT_], ko[NT_];                                                            \
                 for (int n = 0; n < NT_; n++) {                                                     \
                     __m256i w = _mm256_loadu_si256((const __m256i *)(r + n * D + d));               \
-                    __m256 ke = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                      \
-                    __m256 ko = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));                  \
-                    for (int g = 0; g < G_; g++) {                                                  \
-                        acc[n][g] = _mm256_fmadd_ps(_mm256_loadu_ps(qb + g * D + d), ke, acc[n][g]); \
-                        acc[n][g] = _mm256_fmadd_ps(_mm256_loadu_ps(qb + g * D + d + 8), ko, acc[n][g]); \
-                    }                                                                               \
+                    ke[n] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                          \
+                    ko[n] = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));                      \
+                }                                                                                   \
+                for (int g = 0; g < G_; g++) { /* each query vector loaded once for the NT_ tokens */ \
+                    __m256 qe = _mm256_loadu_ps(qb + g * D + d), qo = _mm256_loadu_ps(qb + g * D + d + 8); \
+                    for (int n = 0; n < NT_; n++) acc[n][g] = _mm256_fmadd_ps(qe, ke[n], acc[n][g]); \
+                    for (int n = 0; n < NT_; n++) acc[n][g] = _mm256_fmadd_ps(qo, ko[n], acc[n][g]); \
                 }                                                                                   \
             }                                                                                       \
             float *o_ = ob + t + i;                                                                 \
@@ -269,11 +280,13 @@ static void permute_q(const float *q, float *qp, int64_t G, int64_t D) {
             for (int n = 0; n < NT_; n++)                                                           \
                 for (int g = 0; g < G_; g++) acc[n][g] = _mm256_setzero_si256();                    \
             for (int64_t d = 0; d < D; d += 16) {                                                   \
-                for (int n = 0; n < NT_; n++) {                                                     \
-                    __m256i kv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(r + n * D + d))); \
-                    for (int g = 0; g < G_; g++)                                                    \
-                        acc[n][g] = _mm256_add_epi32(acc[n][g],                                     \
-                                                     _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(qb + g * D + d)), kv)); \
+                __m256i kv[NT_];                                                                    \
+                for (int n = 0; n < NT_; n++)                                                       \
+                    kv[n] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(r + n * D + d))); \
+                for (int g = 0; g < G_; g++) { /* each query vector loaded once for the NT_ tokens */ \
+                    __m256i qv = _mm256_loadu_si256((const __m256i *)(qb + g * D + d));             \
+                    for (int n = 0; n < NT_; n++)                                                   \
+                        acc[n][g] = _mm256_add_epi32(acc[n][g], _mm256_madd_epi16(qv, kv[n]));      \
                 }                                                                                   \
             }                                                                                       \
             int32_t *o_ = acc_out + i * G_;                                                         \
@@ -298,14 +311,18 @@ static void permute_q(const float *q, float *qp, int64_t G, int64_t D) {
             for (int n = 0; n < NT_; n++)                                                           \
                 for (int g = 0; g < G_; g++) acc[n][g] = _mm256_setzero_si256();                    \
             for (int64_t j = 0; j < H; j += 32) {                                                   \
+                __m256i lo[NT_], hi[NT_];                                                           \
                 for (int n = 0; n < NT_; n++) {                                                     \
                     __m256i x = _mm256_loadu_si256((const __m256i *)(r + n * H + j));               \
-                    __m256i lo = _mm256_and_si256(x, lo_mask);                                      \
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), lo_mask);                \
-                    for (int g = 0; g < G_; g++)                                                    \
+                    lo[n] = _mm256_and_si256(x, lo_mask);                                           \
+                    hi[n] = _mm256_and_si256(_mm256_srli_epi16(x, 4), lo_mask);                     \
+                }                                                                                   \
+                for (int g = 0; g < G_; g++) { /* each query vector loaded once for the NT_ tokens */ \
+                    __m256i ql = _mm256_loadu_si256((const __m256i *)(qb + g * D + j));             \
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)(qb + g * D + H + j));         \
+                    for (int n = 0; n < NT_; n++)                                                   \
                         acc[n][g] = _mm256_add_epi16(acc[n][g], _mm256_add_epi16(                   \
-                            _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(qb + g * D + j))), \
-                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qb + g * D + H + j))))); \
+                            _mm256_maddubs_epi16(lo[n], ql), _mm256_maddubs_epi16(hi[n], qh)));     \
                 }                                                                                   \
             }                                                                                       \
             for (int n = 0; n < NT_; n++)                                                           \

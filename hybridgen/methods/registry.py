@@ -11,9 +11,10 @@ method=pyramidkv``, the benchmarks and the projections. Entry points are loaded 
 first use of their name. :func:`register` adds a class in-process (notebooks, tests) without
 packaging.
 
-When this project runs from a source checkout that was never installed (e.g. the GPU script
-on a bare machine), the built-ins are read from the ``hybridgen.methods`` table of the
-checkout's ``pyproject.toml`` instead, so the declaration stays in one place.
+When this project runs from a source checkout (installed editable, or never installed, as
+the GPU script on a bare machine), the ``hybridgen.methods`` table of the checkout's
+``pyproject.toml`` is read as well, so a method declared there is found without
+reinstalling and the declaration stays in one place.
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def _scan() -> None:
     _declared.clear()
     for ep in metadata.entry_points(group=GROUP):
         _declared.setdefault(ep.name, ep.value)
-    if "full" not in _declared:  # not installed: read the checkout's own declaration
-        _declared.update({k: v for k, v in _pyproject_methods().items() if k not in _declared})
+    # a source checkout (installed editable, or not at all) also declares what its pyproject
+    # says now: a method added there is found without reinstalling
+    _declared.update({k: v for k, v in _pyproject_methods().items() if k not in _declared})
 
 
 def _pyproject_methods() -> Dict[str, str]:
