@@ -268,6 +268,17 @@ class FlexGen(BaselineMethod):
         super().release()
         self.gpu, self.host, self.stage, self.deq = [], [], None, None
 
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """FlexGen's cache_gpu_percent from the budget: the gpu share plus (attention on the
+        GPU) two layer-sized staging slots of the host part fit; when the slots alone do not,
+        the host part is attended on the CPU (FlexGen's cpu_cache_compute), which needs none."""
+        from hybridgen.methods.placement import as_budget, gpu_share
+
+        slots = 2 * shape.batch * shape.context * (shape.token_bytes + shape.mask_bytes)
+        if self.attention_on == "cpu" or slots > gpu_kv_bytes:
+            return {"gpu_budget": as_budget(gpu_share(gpu_kv_bytes, shape)), "attention_on": "cpu"}
+        return {"gpu_budget": as_budget(gpu_share(gpu_kv_bytes, shape, staging_layers=2, stage_host=True))}
+
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: streamed (4-bit when compress_kv) or CPU attention over the host part."""
         from hybridgen.perf.costs import cpu_attention_split_cost, flexgen_stream_cost

@@ -23,7 +23,10 @@ Choices where the paper is silent:
 - the recent window at a decode step includes the new token; when every cached token is
   recent the oldest is evicted; padded (left-padding) tokens score -inf and go first;
 - per-step attention is one softmax over [cache ; new token], and the new token's own
-  probability starts its score.
+  probability starts its score;
+- ``offload='stream'`` ("H2O on FlexGen", as InfiniGen's artifact runs it) keeps the kept KV on
+  ``host_tier`` and streams it per layer a layer ahead; ``offload='cpu'`` runs the step on the
+  CPU next to it (:mod:`baselines.offload`); the outputs are the GPU-resident H2O's.
 """
 from __future__ import annotations
 
@@ -35,8 +38,9 @@ from torch import Tensor
 
 from baselines.common import (BaselineMethod, TierBuffer, attend_with_new, causal_attention_colsum,
                               gather_mask, gather_tokens, group_reduce, needs_mask)
+from baselines.offload import KeptKVOffload, Offload, check_offload
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, Fraction, KeptBudget, MethodContext, PositiveInt, Tier
+from hybridgen.methods import Budget, Fraction, HostTier, KeptBudget, MethodContext, PositiveInt, Tier
 
 
 def recent_count(budget_tokens: int, recent_fraction: float) -> int:
@@ -69,7 +73,8 @@ class H2O(BaselineMethod):
 
     budget: cache size (ratio of the context so far, or tokens). recent_fraction: share of
     the budget for the recent window. tier: where the cache lives. chunk: prefill query
-    chunk for the score computation.
+    chunk for the score computation. offload: 'none' | 'stream' | 'cpu' (kept KV on
+    host_tier, :mod:`baselines.offload`).
     """
 
     name: ClassVar[str] = "h2o"
@@ -77,10 +82,16 @@ class H2O(BaselineMethod):
     recent_fraction: Fraction = 0.5
     tier: Tier = "gpu"
     chunk: PositiveInt = 256
+    offload: Offload = "none"
+    host_tier: HostTier = "dram"
+
+    def check(self) -> None:
+        check_offload(self.name, self.tier, self.offload)
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         L = ctx.num_layers
+        self.off = KeptKVOffload(self, self.offload, self.tier, self.host_tier)
         self.cache: List[Optional[KVSegment]] = [None] * L
         self.scores: List[Optional[TierBuffer]] = [None] * L  # [B, Hkv, cap] float32
         self.pos: List[Optional[TierBuffer]] = [None] * L     # [B, Hkv, cap] int64 token index
@@ -103,27 +114,37 @@ class H2O(BaselineMethod):
         else:
             acc = torch.zeros(B, H, T, device=k.device)
         idx = h2o_prefill_selection(acc, valid, keep, recent_count(keep, self.recent_fraction))
-        seg = self.segment(self.tier, f"layer{layer}/kv", cap, needs_mask(valid))
-        seg.append(gather_tokens(k, idx), gather_tokens(v, idx), gather_mask(valid, idx))
-        sc = self.buffer(self.tier, f"layer{layer}/scores", (B, H, cap), torch.float32)
-        ps = self.buffer(self.tier, f"layer{layer}/pos", (B, H, cap), torch.int64)
+        off = self.off
+        seg = off.track(layer, "kv", self.segment(off.kv_tier, f"layer{layer}/kv", cap, needs_mask(valid)))
+        seg.append(*off.put(seg, gather_tokens(k, idx), gather_tokens(v, idx), gather_mask(valid, idx)))
+        sc = self.buffer(off.meta_tier, f"layer{layer}/scores", (B, H, cap), torch.float32)
+        ps = self.buffer(off.meta_tier, f"layer{layer}/pos", (B, H, cap), torch.int64)
         n = idx.shape[-1]
         sc.t[:, :, :n] = torch.gather(acc, 2, idx)
         ps.t[:, :, :n] = idx
         self.cache[layer], self.scores[layer], self.pos[layer] = seg, sc, ps
 
+    def on_layer_input(self, layer: int, hidden: Tensor) -> None:
+        self.off.on_layer_input(layer)
+
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.offload == "cpu":
+            return self.off.on_host(self._decode, layer, q, k, v)
+        return self._decode(layer, q, k, v)
+
+    def _decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         ctx = self.ctx
         seg, sc, ps = self.cache[layer], self.scores[layer].t, self.pos[layer].t
         n = seg.length
         H = ctx.num_kv_heads
-        out, probs = attend_with_new(q, seg.k, seg.v, seg.mask, k, v, ctx.scale, return_probs=True)
+        ck, cv, cm = self.off.view(layer, "kv")
+        out, probs = attend_with_new(q, ck, cv, cm, k, v, ctx.scale, return_probs=True)
         p = group_reduce(probs, H, "sum")  # [B, Hkv, n + 1]
         sc[:, :, :n] += p[..., :n]
         t_new = self.T + int(self.stats["steps"])  # index of the new token
         budget_t = self.budget.resolve(t_new + 1)
         if n + 1 <= budget_t:
-            seg.append(k, v)
+            seg.append(*self.off.put(seg, k, v))
             sc[:, :, n] = p[..., n]
             ps[:, :, n] = t_new
             return out
@@ -135,7 +156,7 @@ class H2O(BaselineMethod):
         by_score = sc[:, :, :n].masked_fill(~cand, float("inf")).argmin(dim=-1)
         by_age = pos.argmin(dim=-1)
         victim = torch.where(cand.any(dim=-1), by_score, by_age)  # [B, Hkv]
-        self._overwrite(seg, victim, k, v)
+        self._overwrite(seg, *self.off.put(seg, victim, k, v))
         sc.scatter_(2, victim[..., None], p[..., n:n + 1])
         ps.scatter_(2, victim[..., None], torch.full_like(victim[..., None], t_new))
         self.count("evicted", victim.numel())
@@ -151,8 +172,29 @@ class H2O(BaselineMethod):
         if seg.mask is not None:
             seg.mask.scatter_(2, slot[..., None], True)
 
-    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: attention over the kept tokens plus the score update."""
-        from hybridgen.perf.costs import h2o_cost
+    def release(self) -> None:
+        if getattr(self, "off", None) is not None:
+            self.off.release()
+        super().release()
 
-        return h2o_cost(c, c.fraction(self.budget))
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """Resident when the kept KV + scores + positions fit, else streamed (scores and positions
+        on the GPU, two staging slots), else the step on the CPU."""
+        from hybridgen.methods.placement import choose_offload
+
+        kept = shape.batch * shape.kv_heads * self.budget.resolve(shape.context)  # cache slots per layer
+        kv, meta = shape.token_bytes // shape.kv_heads + 1, 12  # K+V+mask / score + position per slot
+        return choose_offload(self.name, gpu_kv_bytes, shape.layers * kept * (kv + meta),
+                              shape.layers * kept * meta + 2 * kept * kv)
+
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost: attention over the kept tokens plus the score update (the kept
+        KV streamed from the host, or the step on the CPU, when offloaded)."""
+        from hybridgen.perf.costs import h2o_cost, offloaded_kept_cost
+
+        r = c.fraction(self.budget)
+        base = h2o_cost(c, r)
+        if self.offload == "none":
+            return base
+        n = r * c.S
+        return offloaded_kept_cost(c, base, n, n, self.offload, self.host_tier, host_extra_bytes=c.B * c.Hq * n * 8)

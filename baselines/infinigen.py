@@ -247,6 +247,19 @@ class InfiniGen(BaselineMethod):
         super().release()
         self.host, self.pkeys, self.pweights, self.slots = [], [], [], None
 
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """All KV on the host; the GPU holds the partial keys and weights and two fetch slots:
+        nothing to derive, refused when they do not fit."""
+        from hybridgen.methods.placement import refuse
+
+        r = max(1, round(self.partial_weight_ratio * shape.head_dim))
+        L, B, H, D, b, T = shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes, shape.context
+        cap = max(1, self.budget.resolve(T))
+        need = L * H * D * r * 4 + L * B * H * T * r * b + 2 * B * H * cap * (2 * D * b + 1)
+        if need > gpu_kv_bytes:
+            raise refuse(self.name, need, gpu_kv_bytes, "its partial keys and fetch slots")
+        return {}
+
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: speculation on partial keys, fetch of the budget from the host."""
         from hybridgen.perf.costs import infinigen_cost

@@ -19,7 +19,12 @@ Choices where the paper is silent:
 - left padding: padded keys are left out of the page bounds; all-padding pages are never
   chosen unless K exceeds the real pages;
 - page metadata (min in the ``k`` slot, max in the ``v`` slot of a KVSegment of pages) lives
-  on the same tier as the KV and is updated in place as the last page fills.
+  on the same tier as the KV and is updated in place as the last page fills;
+- ``offload='stream'``: the KV on ``host_tier``, the whole layer streamed a layer ahead (the
+  selection needs the step's query, so pages cannot be fetched ahead); the page bounds stay on
+  the gpu tier. ``offload='cpu'``: KV and bounds on the host, the step (bounds, top-K, gather,
+  attention over the selected pages) on the CPU (:mod:`baselines.offload`). Outputs equal the
+  resident Quest's.
 """
 from __future__ import annotations
 
@@ -31,9 +36,10 @@ import torch
 from torch import Tensor
 
 from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_reduce, needs_mask
+from baselines.offload import KeptKVOffload, Offload, check_offload
 from hybridgen.attention import partial_attention
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, KeptBudget, MethodContext, NonNegInt, PositiveInt, Tier
+from hybridgen.methods import Budget, HostTier, KeptBudget, MethodContext, NonNegInt, PositiveInt, Tier
 
 
 def page_bounds(k: Tensor, valid: Optional[Tensor], page_size: int):
@@ -78,7 +84,8 @@ class Quest(BaselineMethod):
 
     budget: tokens attended per step (ratio of the context so far, or tokens).
     page_size: tokens per page (16). dense_layers: leading layers left dense (2).
-    tier: where KV and page metadata live ('gpu' as in Quest).
+    tier: where KV and page metadata live ('gpu' as in Quest). offload: 'none' | 'stream' |
+    'cpu' (KV on host_tier, :mod:`baselines.offload`).
     """
 
     name: ClassVar[str] = "quest"
@@ -86,10 +93,16 @@ class Quest(BaselineMethod):
     page_size: PositiveInt = 16
     dense_layers: NonNegInt = 2
     tier: Tier = "gpu"
+    offload: Offload = "none"
+    host_tier: HostTier = "dram"
+
+    def check(self) -> None:
+        check_offload(self.name, self.tier, self.offload)
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         L = ctx.num_layers
+        self.off = KeptKVOffload(self, self.offload, self.tier, self.host_tier)
         self.kv: List[Optional[KVSegment]] = [None] * L
         self.pages: List[Optional[KVSegment]] = [None] * L
         self.last_selected: List[Optional[Tensor]] = [None] * L  # page ids [B, Hkv, K] (None = dense)
@@ -97,14 +110,15 @@ class Quest(BaselineMethod):
     def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
         ctx = self.ctx
         with_mask = needs_mask(valid)
-        kv = self.segment(self.tier, f"layer{layer}/kv", ctx.max_len, with_mask)
-        kv.append(k, v, valid)
-        self.kv[layer] = kv
+        off = self.off
+        kv = self.segment(off.kv_tier, f"layer{layer}/kv", ctx.max_len, with_mask)
+        kv.append(*off.put(kv, k, v, valid))
+        self.kv[layer] = off.track(layer, "kv", kv)
         if layer < self.dense_layers:
             return
-        pages = self.segment(self.tier, f"layer{layer}/pages", math.ceil(ctx.max_len / self.page_size), with_mask)
+        pages = self.segment(off.meta_tier, f"layer{layer}/pages", math.ceil(ctx.max_len / self.page_size), with_mask)
         kmin, kmax, pv = page_bounds(k, None if valid is None else valid[:, None, :], self.page_size)
-        pages.append(kmin, kmax, pv if with_mask else None)
+        pages.append(*off.put(pages, kmin, kmax, pv if with_mask else None))
         self.pages[layer] = pages
 
     def _update_pages(self, layer: int, k: Tensor, index: int) -> None:
@@ -119,13 +133,22 @@ class Quest(BaselineMethod):
         kmax = torch.maximum(pages.v[:, :, p:p + 1], k)
         pages.write(p, kmin, kmax)
 
+    def on_layer_input(self, layer: int, hidden: Tensor) -> None:
+        self.off.on_layer_input(layer)
+
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.offload == "cpu":
+            return self.off.on_host(self._decode, layer, q, k, v)
+        return self._decode(layer, q, k, v)
+
+    def _decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         kv = self.kv[layer]
         index = kv.length
-        kv.append(k, v)
+        self.off.append(layer, "kv", k, v)
+        ck, cv, cm = self.off.view(layer, "kv")
         scale = self.ctx.scale
         if layer < self.dense_layers:
-            return partial_attention(q, kv.k, kv.v, scale, kv.mask)[0]
+            return partial_attention(q, ck, cv, scale, cm)[0]
         self._update_pages(layer, k, index)
         total = kv.length
         pages = self.pages[layer]
@@ -133,7 +156,7 @@ class Quest(BaselineMethod):
         n_pages = max(1, self.budget.resolve(total) // self.page_size)
         if self.budget.resolve(total) >= total or n_pages >= P:
             self.last_selected[layer] = None
-            return partial_attention(q, kv.k, kv.v, scale, kv.mask)[0]
+            return partial_attention(q, ck, cv, scale, cm)[0]
         H = self.ctx.num_kv_heads
         ub = group_reduce(upper_bound(q, pages.k, pages.v), H, "sum")  # [B, Hkv, P]
         if pages.mask is not None:
@@ -144,11 +167,32 @@ class Quest(BaselineMethod):
         tok = (sel[..., None] * self.page_size + torch.arange(self.page_size, device=sel.device)).flatten(2)
         in_range = tok < total
         tok = tok.clamp(max=total - 1)
-        mask = in_range if kv.mask is None else in_range & gather_mask(kv.mask, tok)
-        return partial_attention(q, gather_tokens(kv.k, tok), gather_tokens(kv.v, tok), scale, mask)[0]
+        mask = in_range if cm is None else in_range & gather_mask(cm, tok)
+        return partial_attention(q, gather_tokens(ck, tok), gather_tokens(cv, tok), scale, mask)[0]
+
+    def release(self) -> None:
+        if getattr(self, "off", None) is not None:
+            self.off.release()
+        super().release()
+
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """Resident when the whole KV + page bounds fit, else streamed (bounds on the GPU, two
+        staging slots of a whole layer), else the step on the CPU."""
+        from hybridgen.methods.placement import choose_offload
+
+        B, L, T = shape.batch, shape.layers, shape.context
+        kv = B * T * (shape.token_bytes + shape.mask_bytes)
+        pages = max(0, L - self.dense_layers) * B * math.ceil(T / self.page_size) * (shape.token_bytes + shape.mask_bytes)
+        return choose_offload(self.name, gpu_kv_bytes, L * kv + pages, pages + 2 * kv)
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: page bounds over every page, attention over the selected pages."""
-        from hybridgen.perf.costs import quest_cost
+        from hybridgen.perf.costs import offloaded_kept_cost, quest_cost
 
-        return quest_cost(c, c.fraction(self.budget), self.page_size)
+        r = c.fraction(self.budget)
+        base = quest_cost(c, r, self.page_size)
+        if self.offload == "none":
+            return base
+        bounds = c.B * c.Hkv * math.ceil(c.S / self.page_size) * 2 * c.D * c.b
+        # 'stream' copies the whole layer (the pages are chosen by the step's query)
+        return offloaded_kept_cost(c, base, c.S, r * c.S, self.offload, self.host_tier, host_extra_bytes=bounds)

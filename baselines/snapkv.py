@@ -18,7 +18,9 @@ Choices where the paper is silent:
   generated tokens are appended (as in the paper), capacity reserved for them at prefill;
 - left padding: padded keys get no probability and a -inf vote (after pooling), padded
   window queries vote nothing;
-- kept indices are sorted by position (order does not change attention).
+- kept indices are sorted by position (order does not change attention);
+- ``offload='stream'`` / ``'cpu'``: the kept KV on ``host_tier``, streamed per layer a layer
+  ahead or attended on the CPU (:mod:`baselines.offload`); the outputs are the resident SnapKV's.
 """
 from __future__ import annotations
 
@@ -30,10 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_reduce, needs_mask
+from baselines.offload import KeptKVOffload, Offload, check_offload
 from hybridgen.attention import attention_logits, partial_attention
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
-from hybridgen.methods import Budget, KeptBudget, MethodContext, PositiveInt, Tier
+from hybridgen.methods import Budget, HostTier, KeptBudget, MethodContext, PositiveInt, Tier
 
 
 def snapkv_votes(q: Tensor, k: Tensor, scale: float, window: int, kernel: int, valid: Optional[Tensor],
@@ -86,6 +89,7 @@ class SnapKV(BaselineMethod):
 
     budget: prompt tokens kept (window included). window: observation window (32).
     kernel: pooling kernel (7). pooling: 'max' (paper) or 'avg'. tier: where the cache lives.
+    offload: 'none' | 'stream' | 'cpu' (kept KV on host_tier, :mod:`baselines.offload`).
     """
 
     name: ClassVar[str] = "snapkv"
@@ -94,32 +98,66 @@ class SnapKV(BaselineMethod):
     kernel: PositiveInt = 7
     pooling: Literal["max", "avg"] = "max"
     tier: Tier = "gpu"
+    offload: Offload = "none"
+    host_tier: HostTier = "dram"
 
     def check(self) -> None:
+        check_offload(type(self).name, self.tier, self.offload)
         if self.kernel % 2 == 0:
-            raise ConfigError(f"method 'snapkv': parameter 'kernel' expects an odd integer >= 1, got {self.kernel}")
+            raise ConfigError(f"method {type(self).name!r}: parameter 'kernel' expects an odd integer >= 1, got {self.kernel}")
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         self.cache: List[Optional[KVSegment]] = [None] * ctx.num_layers
+        self.off = KeptKVOffload(self, self.offload, self.tier, self.host_tier)
 
     def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
         ctx = self.ctx
         T = k.shape[2]
-        keep = self.budget.resolve(T)
+        keep = self.prompt_keep(layer, T)
         idx = snapkv_selection(q, k, ctx.scale, keep, self.window, self.kernel, valid, self.pooling)
-        seg = self.segment(self.tier, f"layer{layer}/kv", idx.shape[-1] + ctx.max_new_tokens, needs_mask(valid))
-        seg.append(gather_tokens(k, idx), gather_tokens(v, idx), gather_mask(valid, idx))
-        self.cache[layer] = seg
+        off = self.off
+        seg = self.segment(off.kv_tier, f"layer{layer}/kv", idx.shape[-1] + ctx.max_new_tokens, needs_mask(valid))
+        seg.append(*off.put(seg, gather_tokens(k, idx), gather_tokens(v, idx), gather_mask(valid, idx)))
+        self.cache[layer] = off.track(layer, "kv", seg)
+
+    def prompt_keep(self, layer: int, prompt_len: int) -> int:
+        """Prompt tokens ``layer`` keeps (window included): the budget, the same in every layer."""
+        return self.budget.resolve(prompt_len)
+
+    def on_layer_input(self, layer: int, hidden: Tensor) -> None:
+        self.off.on_layer_input(layer)
 
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        seg = self.cache[layer]
-        seg.append(k, v)
-        out, _ = partial_attention(q, seg.k, seg.v, self.ctx.scale, seg.mask)
+        if self.offload == "cpu":
+            return self.off.on_host(self._decode, layer, q, k, v)
+        return self._decode(layer, q, k, v)
+
+    def _decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        self.off.append(layer, "kv", k, v)
+        ck, cv, cm = self.off.view(layer, "kv")
+        out, _ = partial_attention(q, ck, cv, self.ctx.scale, cm)
         return out
+
+    def release(self) -> None:
+        if getattr(self, "off", None) is not None:
+            self.off.release()
+        super().release()
+
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """Resident when the kept prompt + generated KV fits, else streamed (two staging slots),
+        else the step on the CPU."""
+        from hybridgen.methods.placement import choose_offload
+
+        kept = shape.batch * (self.budget.resolve(shape.prompt) + shape.new_tokens) * (shape.token_bytes + shape.mask_bytes)
+        return choose_offload(type(self).name, gpu_kv_bytes, shape.layers * kept, 2 * kept)
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: attention over the tokens kept at prefill."""
-        from hybridgen.perf.costs import snapkv_cost
+        from hybridgen.perf.costs import offloaded_kept_cost, snapkv_cost
 
-        return snapkv_cost(c, c.fraction(self.budget))
+        r = c.fraction(self.budget)
+        base = snapkv_cost(c, r)
+        if self.offload == "none":
+            return base
+        return offloaded_kept_cost(c, base, r * c.S, r * c.S, self.offload, self.host_tier)

@@ -80,6 +80,8 @@ METHODS.update({
     "hybridgen-per-head": ("hybridgen", {"per_head": True}),
     "hybridgen-gpu20": ("hybridgen", {"gpu_budget": 0.2}),
     "hybridgen-no-pipeline": ("hybridgen", {"pipeline": False}),
+    "hybridgen-sketch-int8": ("hybridgen", {"key_sketch": "int8"}),
+    "hybridgen-sketch-int4": ("hybridgen", {"key_sketch": "int4"}),
 })
 
 

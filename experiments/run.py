@@ -1,24 +1,28 @@
-"""The one entry point: ``python experiments/run.py +exp=NAME [key=value ...]`` (add ``-m`` for Hydra multirun).
+"""The one entry point: ``python experiments/run.py +exp=NAME [key=value ...]``.
 
-Plain run: the experiment's sweep (``hydra.sweeper.params`` in conf/exp/NAME.yaml, plus any
-``key=a,b`` on the command line) runs point by point in this process, then a table is printed.
-``-m``: Hydra's sweeper makes one job per point and the chosen launcher runs them
-(``hydra/launcher=joblib`` locally in parallel, ``hydra/launcher=submitit_slurm`` on SLURM,
-``hydra/launcher=submitit_local`` to try the SLURM path on this machine).
+Every invocation is a Hydra multirun (``hydra.mode: MULTIRUN`` in conf/config.yaml; ``-m`` is
+accepted and changes nothing): Hydra's sweeper expands the experiment's sweep
+(``hydra.sweeper.params`` in conf/exp/NAME.yaml) with the command line's (``key=a,b``,
+``method=glob(h2*)``, ``workload.batch=range(1,5)``; a key named there replaces the experiment's
+sweep of it), and the launcher runs one job per point. The default launcher runs them in turn in
+this process, sharing the loaded model and the fidelity reference (experiments/runner.py);
+``hydra/launcher=parallel`` (joblib), ``slurm`` or ``local`` (submitit) run them elsewhere.
+``--config-dir DIR`` adds your own config files (``hardware=myhw`` from DIR/hardware/myhw.yaml).
 
-Either way every point is composed and validated first: a misspelt key, an unknown method or
-parameter, a bad value -> one line on stderr, exit status 2. Finished runs are skipped
-(``force=true`` replaces them), so re-running an interrupted sweep completes only what is
-missing. Results: outputs/<exp>/<run-name>/ by default (results_dir=...; see hybridgen/results.py);
-``python experiments/aggregate.py <exp>`` collects them into one table. An unwritable results_dir
-is refused before anything runs. A point that fails at run time (a capacity, a damaged model, NaN
-logits) prints one line and the others still run (the table shows it as failed, exit status 2);
-``fail_fast=true`` stops at the first failure.
+Before the first job, every point is composed and validated (experiments/preflight.py, a Hydra
+callback): a misspelt key, an unknown method or parameter, a bad value -> one line on stderr,
+exit status 2. Finished runs are skipped (``force=true`` replaces them), so re-running an
+interrupted sweep completes only what is missing. Results: outputs/<exp>/<run-name>/ by default
+(results_dir=...; see hybridgen/results.py); ``python experiments/aggregate.py <exp>`` collects
+them into one table. An unwritable results_dir is refused before anything runs. A point that
+fails at run time (a capacity, a damaged model, NaN logits) prints one line and the others still
+run (the table shows it as failed, exit status 2); ``fail_fast=true`` stops at the first failure.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # run as a script: make `experiments` and `hybridgen` importable
@@ -31,125 +35,130 @@ runtime.apply_or_exit()  # thread/env settings before torch loads (docs/design.m
 import torch  # noqa: E402  (before anything that may import numba: docs/design.md)
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from experiments.schema import register_configs  # noqa: E402
+from experiments import preflight  # noqa: E402
 from hybridgen.errors import HybridGenError  # noqa: E402
 
 register_configs()
 
-# Hydra flags that take a value, and flags after which we let Hydra do everything itself.
-_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                "--config-dir", "-cd", "--experimental-rerun"}
-_PASSTHROUGH = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
-                "--version", "--resolve"}
-_FAILURES: list = []
+_OUTCOMES: dict = {}       # job number -> Outcome, for the jobs run in this process
+_STATE = {"stop": False, "user_error": False}
 
 
-def _split_argv(argv):
-    """(overrides, multirun?, passthrough?)"""
-    overrides, multirun, passthrough = [], False, False
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("-m", "--multirun"):
-            multirun = True
-        elif a.split("=")[0] in _PASSTHROUGH:
-            passthrough = True
-            skip = a in _VALUE_FLAGS
-        elif a in _VALUE_FLAGS:
-            skip = True
-        elif a.startswith("-"):
-            continue
-        else:
-            overrides.append(a)
-    return overrides, multirun, passthrough
-
-
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def hydra_job(cfg: DictConfig) -> None:
-    """One job of a multirun (or a passthrough invocation): runs its single point."""
+@hydra.main(version_base="1.3", config_path=str(_ROOT / "conf"), config_name="config")
+def hydra_job(cfg: DictConfig) -> Optional[str]:
+    """One job of the sweep: runs its point with the process's shared session."""
     from hydra.core.hydra_config import HydraConfig
 
-    from experiments import runner, sweep
+    from experiments import runner
+    from experiments.validate import to_run_config, validate
 
+    hc = HydraConfig.get()
+    num = int(OmegaConf.select(hc.job, "num", default=0, throw_on_missing=False) or 0)  # hydra.mode=RUN: none
+    overrides = list(hc.overrides.task)
+    if _STATE["stop"]:  # fail_fast=true after a failed point: the launcher still calls us for the rest
+        return "not run"
+    session = runner.shared_session()
+    run_cfg = to_run_config(cfg)
     try:
-        cfg = sweep.to_run_config(cfg)
-        sweep.validate(cfg)
+        if preflight.PLAN.points is None or len(preflight.PLAN.points) <= num:
+            validate(run_cfg)  # a job the preflight of this process did not see (another process, sweeper)
+        total = len(preflight.PLAN.points) if preflight.PLAN.points else "?"
+        session.log(f"[{num + 1}/{total}] {' '.join(overrides)}")
+        out = runner.run_point(run_cfg, session, overrides)
     except HybridGenError as err:
-        print(f"error: {err}", file=sys.stderr)
-        _FAILURES.append(str(err))
-        return
-    try:
-        overrides = list(HydraConfig.get().overrides.task)
-    except ValueError:
-        overrides = []
-    session = runner.Session()
-    try:
-        out = runner.run_point(cfg, session, overrides)
-    except HybridGenError as err:
-        print(f"error: {err}", file=sys.stderr)
-        _FAILURES.append(str(err))
-        return "failed"
-    if out.status == "failed":
-        _FAILURES.append(out.error)
-    runner.print_table([out])
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        out = runner.Outcome(_point_name(runner, run_cfg), "failed", {"method": run_cfg.method.name}, str(err))
+        _STATE["user_error"] = True
+        if run_cfg.fail_fast:
+            _STATE["stop"] = True
+    else:
+        if out.status == "failed" and run_cfg.fail_fast:
+            _STATE["stop"] = True
+    _OUTCOMES[num] = out
     return out.status
 
 
+_COMMANDS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
+             "--version"}
+
+
 def main(argv=None) -> int:
-    from experiments.sweep import method_param_overrides
+    """Run the sweep of ``argv`` (default: the command line); the exit status."""
+    import os
+
+    from experiments import runner
+    from experiments.validate import friendly_error, method_param_overrides
 
     argv = method_param_overrides(list(sys.argv[1:] if argv is None else argv))
-    sys.argv[1:] = argv  # Hydra's own parse (passthrough, -m) sees the same overrides
-    overrides, multirun, passthrough = _split_argv(argv)
-    if passthrough:
-        hydra_job()
-        return 0
-    from experiments import runner, sweep
-
-    from hybridgen.results import check_writable
-
+    command = any(a.split("=")[0] in _COMMANDS for a in argv)  # --cfg job, --help ...: Hydra alone
+    _OUTCOMES.clear()
+    _STATE.update(stop=False, user_error=False)
+    preflight.PLAN.__init__()
+    runner.shared_session(fresh=True)
+    saved_argv, saved_env = list(sys.argv), os.environ.get("HYDRA_FULL_ERROR")
+    sys.argv[1:] = argv
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us (one line below), not Hydra's printer
     try:
-        points = sweep.resolve_points(overrides)
-        for results_root in sorted({str(cfg.results_dir) for _, cfg in points}):
-            check_writable(results_root)  # before any measurement, not after
+        hydra_job()
+    except preflight.SweepRejected:
+        return 2  # its one line is printed
     except HybridGenError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    exp = points[0][1].exp.name
-    results_dir = points[0][1].results_dir
-    if multirun:
-        print(f"{exp}: {len(points)} point(s) -> Hydra multirun", file=sys.stderr)
-        hydra_job()
-        _print_experiment(results_dir, exp, [p[1] for p in points])
-        return 2 if _FAILURES else 0
-    print(f"{exp}: {len(points)} point(s)", file=sys.stderr)
-    session = runner.Session()
-    outcomes = []
-    for i, (pt, cfg) in enumerate(points, 1):
-        session.log(f"[{i}/{len(points)}] {' '.join(pt)}")
-        try:
-            outcomes.append(runner.run_point(cfg, session, pt))
-        except HybridGenError as err:
-            print(f"error: {err}", file=sys.stderr)
-            if len(points) == 1 or cfg.fail_fast:  # fail_fast=true: stop at the first failing point
-                return 2
-            outcomes.append(runner.Outcome(_point_name(runner, cfg), "failed", {"method": cfg.method.name}, str(err)))
-            continue
-        if outcomes[-1].status == "failed" and cfg.fail_fast:
-            runner.print_table(outcomes)
-            return 2
+    except Exception as err:  # noqa: BLE001 - Hydra/OmegaConf composition errors: one line
+        print(f"error: {friendly_error(err, [a for a in argv if not a.startswith('-')])}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv[:] = saved_argv
+        if saved_env is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved_env
+        preflight.prune_bookkeeping()
+    if command:
+        return 0
+    return _report()
+
+
+def _report() -> int:
+    """The end-of-sweep table (points run elsewhere are read back from the results store)."""
+    from experiments import runner
+    from hybridgen.results import ResultsStore, load_run
+
+    points = preflight.PLAN.points
+    outcomes = [o for _, o in sorted(_OUTCOMES.items())]
+    if points and _STATE["user_error"] and (len(points) == 1 or _STATE["stop"]):
+        return 2  # one point (or fail_fast) stopped by a user error: its one line says it all
+    if points:
+        outcomes = []
+        for i, pt in enumerate(points):
+            if i in _OUTCOMES:
+                outcomes.append(_OUTCOMES[i])
+                continue
+            if _STATE["stop"]:
+                continue  # not run: fail_fast stopped the sweep before it
+            name = runner.name_of(pt.cfg)
+            store = ResultsStore(pt.cfg.results_dir, pt.cfg.exp.name)
+            if store.is_done(name):
+                outcomes.append(runner.Outcome(name, "done", runner._safe_row(pt.cfg, load_run(store.run_dir(name)))))
+            else:
+                outcomes.append(runner.Outcome(name, "missing", {"method": pt.cfg.method.name}))
+    if not outcomes:
+        return 0
+    first = points[0].cfg if points else None
     print()
     runner.print_table(outcomes)
-    if points[0][1].exp.kind == "generate":
-        _print_samples(results_dir, exp, outcomes)
-    print(f"\nresults: {Path(results_dir) / exp}/   (aggregate: python experiments/aggregate.py {exp})")
-    if not torch.cuda.is_available() and points[0][1].exp.kind == "generate":
-        print("no CUDA here: the gpu tier is emulated on the CPU (timings show CPU cost, not GPU speed)")
-    return 2 if any(o.status == "failed" for o in outcomes) else 0
+    if first is not None:
+        exp, results_dir = first.exp.name, first.results_dir
+        if first.exp.kind == "generate":
+            _print_samples(results_dir, exp, outcomes)
+        print(f"\nresults: {Path(results_dir) / exp}/   (aggregate: python experiments/aggregate.py {exp})")
+        if not torch.cuda.is_available() and first.exp.kind == "generate":
+            print("no CUDA here: the gpu tier is emulated on the CPU (timings show CPU cost, not GPU speed)")
+    return 2 if any(o.status in ("failed", "missing") for o in outcomes) else 0
 
 
 def _point_name(runner, cfg) -> str:
@@ -176,23 +185,6 @@ def _print_samples(results_dir, exp, outcomes, width: int = 100) -> None:
     if lines:
         print("\ngenerated text (first row):")
         print("\n".join(lines))
-
-
-def _print_experiment(results_dir, exp, cfgs) -> None:
-    """After a multirun: the table of this sweep's points, read back from the results store."""
-    from experiments import runner
-    from hybridgen.results import ResultsStore, load_run
-
-    store = ResultsStore(results_dir, exp)
-    outcomes = []
-    for cfg in cfgs:
-        name = runner.name_of(cfg)
-        if store.is_done(name):
-            outcomes.append(runner.Outcome(name, "done", runner._safe_row(cfg, load_run(store.run_dir(name)))))
-        else:
-            outcomes.append(runner.Outcome(name, "missing", {"method": cfg.method.name}))
-    print()
-    runner.print_table(outcomes)
 
 
 if __name__ == "__main__":

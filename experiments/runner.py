@@ -1,8 +1,10 @@
 """Execute run points: generation (timed) or accuracy (lm-eval), written to the results store.
 
 One point = one run directory ``results/<exp>/<run-name>/`` (see hybridgen.results). A
-:class:`Session` keeps the loaded engine and reference generations between points of one
-process so a sweep loads each model once.
+:class:`Session` keeps the loaded engine and reference generations between points; the
+process's one (:func:`shared_session`) outlives a Hydra job, so the jobs of a sweep that the
+launcher runs in this process (Hydra's basic launcher: all of them, in turn) load each model
+once and compute each fidelity reference once.
 
 metrics.json of a generation run (all sizes in bytes, times in seconds unless named _ms):
     run          name, exp, status, started/finished, wall_s, overrides
@@ -42,7 +44,62 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 # ----------------------------------------------------------------------------- naming
 def method_params(cfg: DictConfig) -> Dict[str, Any]:
-    return OmegaConf.to_container(cfg.method.params, resolve=True) or {}
+    """The point's method parameters: method.params, plus the placement derived from
+    memory.gpu_kv when it is set (explicit params win; hybridgen.methods.placement)."""
+    params = OmegaConf.to_container(cfg.method.params, resolve=True) or {}
+    gpu_kv = OmegaConf.select(cfg, "memory.gpu_kv", default=None)
+    if gpu_kv is None:
+        return params
+    if placement_refusal(cfg) is not None:  # exp.kind=project only: the projection says "does not fit"
+        return params
+    return dict(_placed_cfg(cfg, params))
+
+
+def _placed_cfg(cfg: DictConfig, params: Dict[str, Any]) -> Dict[str, Any]:
+    return _placed(cfg.method.name, json.dumps(params, sort_keys=True, default=str), str(cfg.memory.gpu_kv),
+                   json.dumps(OmegaConf.to_container(cfg.hardware, resolve=True), sort_keys=True, default=str),
+                   json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True, default=str),
+                   json.dumps(OmegaConf.to_container(cfg.workload, resolve=True), sort_keys=True, default=str))
+
+
+def placement_refusal(cfg: DictConfig) -> Optional[str]:
+    """exp.kind=project with memory.gpu_kv: the one line of a placement that cannot fit the budget
+    (e.g. full's whole KV on a 32 GB GPU), else None. A projection records it as 'does not fit'
+    instead of refusing the whole sweep; a bad budget text still raises, and so does every refusal
+    of a run that would execute (kind=generate / accuracy)."""
+    if cfg.exp.kind != "project" or OmegaConf.select(cfg, "memory.gpu_kv", default=None) is None:
+        return None
+    from hybridgen.methods.placement import budget_and_shape
+
+    budget_and_shape(str(cfg.memory.gpu_kv), OmegaConf.to_container(cfg.hardware, resolve=True),
+                     OmegaConf.to_container(cfg.model, resolve=True),
+                     OmegaConf.to_container(cfg.workload, resolve=True))  # a bad budget: raises
+    try:
+        _placed_cfg(cfg, OmegaConf.to_container(cfg.method.params, resolve=True) or {})
+    except HybridGenError as err:
+        return str(err)
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _placed(name: str, params: str, gpu_kv: str, hardware: str, model: str, workload: str) -> Dict[str, Any]:
+    from hybridgen.methods.placement import derive_params
+
+    return derive_params(name, json.loads(params), gpu_kv, json.loads(hardware), json.loads(model), json.loads(workload))
+
+
+def store_hardware(cfg: DictConfig) -> Any:
+    """The hardware node the run's store is built from: with memory.gpu_kv set, the gpu tier's
+    capacity is that budget (so the tier ledger enforces it)."""
+    gpu_kv = OmegaConf.select(cfg, "memory.gpu_kv", default=None)
+    if gpu_kv is None:
+        return cfg.hardware
+    from hybridgen.methods.placement import budget_and_shape
+
+    g, _ = budget_and_shape(str(gpu_kv), OmegaConf.to_container(cfg.hardware, resolve=True),
+                            OmegaConf.to_container(cfg.model, resolve=True),
+                            OmegaConf.to_container(cfg.workload, resolve=True))
+    return {**OmegaConf.to_container(cfg.hardware, resolve=True), "gpu_capacity": g}
 
 
 def build(cfg: DictConfig):
@@ -123,16 +180,16 @@ class Outcome:
 
 
 class Session:
-    """State shared by the points of one process: the engine, reference generations, outcomes."""
+    """State shared by the points of one process: the engine and the reference generations."""
 
     def __init__(self, log: Callable[[str], None] = None):
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self._engine_key: Optional[str] = None
         self._engine = None
         self._refs: Dict[str, Any] = {}
-        self.outcomes: List[Outcome] = []
         self.warmed: set = set()
         self._env: Optional[Dict[str, Any]] = None
+        self.loads = 0                   # models loaded by this session (a sweep over methods: 1)
 
     def environment(self) -> Dict[str, Any]:
         if self._env is None:
@@ -145,7 +202,7 @@ class Session:
         from hybridgen.model import load_model
 
         m = cfg.model
-        key = f"{m.name}|{m.weights}|{m.dtype}|{m.num_layers}|{cfg.seed}"
+        key = f"{m.name}|{m.weights}|{m.dtype}|{m.num_layers}|{cfg.seed}|{_weights_location(m.name)}"
         failed = getattr(self, "_load_error", None)
         if failed is not None and failed[0] == key:
             raise failed[1]  # the same model failed to load for an earlier point: do not retry
@@ -159,12 +216,13 @@ class Session:
                 self._load_error = (key, err)
                 raise
             self._engine_key = key
+            self.loads += 1
             self.log(f"loaded {self._engine!r} in {time.perf_counter() - t0:.1f}s")
         return self._engine
 
     @staticmethod
     def _ref_key(cfg: DictConfig) -> Tuple[str, str, Dict[str, Any]]:
-        from experiments.sweep import reference_method
+        from experiments.validate import reference_method
 
         name, params = reference_method(cfg.exp.reference)
         key = f"{name}|{params}|{OmegaConf.to_container(cfg.workload)}|{cfg.seed}"
@@ -194,6 +252,31 @@ class Session:
                                                attention_mask=mask, store=make_store(unlimited, engine),
                                                return_logits=True, progress=bool(cfg.progress))}
         return self._refs[key]
+
+
+_SHARED: Optional[Session] = None
+
+
+def shared_session(fresh: bool = False) -> Session:
+    """The Session of this process (``fresh=True``: a new one, as each ``run.py`` invocation starts)."""
+    global _SHARED
+    if _SHARED is None or fresh:
+        _SHARED = Session()
+    return _SHARED
+
+
+def _weights_location(name: str) -> str:
+    """Where the weights of ``name`` are read from (part of the engine's cache key): the prepared
+    SmolLM2 cache (``HYBRIDGEN_CACHE``), a checkpoint directory, or the name itself (hub id,
+    shipped shapes)."""
+    import os
+
+    from hybridgen.model import smollm2
+
+    if str(name) == smollm2.MODEL_NAME:
+        return str(smollm2.prepared_dir())
+    path = Path(str(name)).expanduser()
+    return str(path.resolve()) if path.exists() else f"{name}|{os.environ.get('HF_HUB_CACHE', '')}"
 
 
 # ----------------------------------------------------------------------------- one point
@@ -227,13 +310,13 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
         shape = (session._engine_key, tuple(ids.shape))
         warm = ids if shape not in session.warmed else ids[:, : min(ids.shape[1], 32)]
         session.warmed.add(shape)
-        engine.generate(warm, build(cfg), max_new_tokens=min(2, gen_len), store=make_store(cfg.hardware, engine))
+        engine.generate(warm, build(cfg), max_new_tokens=min(2, gen_len), store=make_store(store_hardware(cfg), engine))
     runs, totals = [], []
     trace = None
     cuda_before = cuda_dispatch_counts()
     for r in range(int(cfg.exp.repeats)):
         method = build(cfg)
-        store = make_store(cfg.hardware, engine)
+        store = make_store(store_hardware(cfg), engine)
         with PeakMemory() as pm:
             res = engine.generate(ids, method, max_new_tokens=gen_len, attention_mask=mask, store=store,
                                   return_logits=bool(cfg.exp.fidelity), progress=bool(cfg.progress), keep=True)
@@ -276,7 +359,7 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
             ref = session.reference(cfg, engine, ids, mask)
             same = bool(torch.equal(ref.tokens, res.tokens))
             logits = res.logits if same else teacher_forced_logits(
-                engine, build(cfg), ids, mask, ref.tokens, store=make_store(cfg.hardware, engine))
+                engine, build(cfg), ids, mask, ref.tokens, store=make_store(store_hardware(cfg), engine))
         except HybridGenError as err:  # keep the method's measurement; say why fidelity is missing
             session.log(f"fidelity unavailable: {err}")
             metrics["fidelity"] = {"reference": cfg.exp.reference, "available": False, "reason": str(err)}
@@ -310,7 +393,12 @@ def run_projection(cfg: DictConfig) -> Dict[str, Any]:
     spec = ModelSpec.from_hf_config(shipped_config(cfg.model.name), name=cfg.model.name)
     if cfg.model.num_layers:
         spec = spec.with_layers(int(cfg.model.num_layers))
-    return {"projected": _projection(cfg, spec),
+    refused = placement_refusal(cfg)
+    projected = _projection(cfg, spec) if refused is None else {
+        "projected": True, "status": "does not fit", "reason": refused, "profile": cfg.hardware.profile,
+        "method": cfg.method.name, "step_s": None, "decode_tokens_per_s": None, "cpu_branch_s": None,
+        "gpu_branch_s": None, "transfer_s": None, "fits_gpu": False}
+    return {"projected": projected,
             "hardware": OmegaConf.to_container(cfg.hardware),
             "model": {**OmegaConf.to_container(cfg.model), "spec": spec.to_dict()}}
 
@@ -367,9 +455,9 @@ def summary_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
 
 def _projected_columns(pr: Dict[str, Any]) -> Dict[str, Any]:
     """The projected columns of a table row; a method without a performance-model cost says so."""
-    if pr.get("status") == "not modelled" or pr.get("step_s") is None:
-        return {"profile": pr.get("profile"), "step_ms (projected)": "not modelled",
-                "tok/s (projected)": "not modelled"}
+    if pr.get("status") in ("not modelled", "does not fit") or pr.get("step_s") is None:
+        status = pr.get("status") or "not modelled"
+        return {"profile": pr.get("profile"), "step_ms (projected)": status, "tok/s (projected)": status}
     return {"profile": pr["profile"], "step_ms (projected)": 1e3 * pr["step_s"],
             "tok/s (projected)": pr["decode_tokens_per_s"], "fits_gpu": pr["fits_gpu"]}
 

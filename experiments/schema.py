@@ -7,8 +7,9 @@ dataclass by :func:`hybridgen.methods.build_method` before anything runs.
 
 Choices (documented here because the paper is silent):
 - a "run" is one point (model, method, hardware, workload, seed); an experiment's sweep is
-  declared once as ``hydra.sweeper.params`` and runs either in one process (plain run: the
-  model is loaded once) or as one job per point (``-m``, any Hydra launcher);
+  declared once as ``hydra.sweeper.params`` and Hydra's sweeper makes one job per point; the
+  default launcher runs them in turn in one process (the model is loaded once), any other
+  Hydra launcher elsewhere;
 - fidelity is measured by teacher forcing the method on the reference's greedy tokens, so
   every step compares next-token distributions over the same context.
 """
@@ -138,6 +139,19 @@ class ExpConf:
 
 
 @dataclass
+class MemoryConf:
+    """One GPU memory budget for every method (``hybridgen.methods.placement``).
+
+    gpu_kv: GPU bytes available to the KV cache ('20GiB'; 'auto' = hardware.gpu_memory x
+    gpu_kv_fraction minus the model's weights; null = each method's own placement knobs).
+    When set, every method derives its placement from it (explicit method.params win) and the
+    run's gpu tier capacity is this budget, so the ledger enforces it.
+    """
+
+    gpu_kv: Optional[str] = None
+
+
+@dataclass
 class RunConfig:
     """The whole run configuration (conf/config.yaml composes onto this)."""
 
@@ -145,6 +159,7 @@ class RunConfig:
     method: MethodConf = field(default_factory=MethodConf)
     hardware: HardwareConf = field(default_factory=HardwareConf)
     workload: WorkloadConf = field(default_factory=WorkloadConf)
+    memory: MemoryConf = field(default_factory=MemoryConf)
     exp: ExpConf = field(default_factory=ExpConf)
     seed: int = 0
     force: bool = False

@@ -430,6 +430,21 @@ class HybridGen(KVMethod):
         return self.quality.by_layer()
 
     # ------------------------------------------------------------------ performance model
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """The GPU window (tokens per layer, + the ring's spare slot) that fits the budget after
+        two layers of shipped rows (at topk_ratio, or the scheduler's max_ratio, of the context;
+        K+V row bytes as the bound); half of it when the split adapts or three-way streaming
+        stages prefixes on the GPU."""
+        import math
+
+        from hybridgen.methods.placement import as_budget, gpu_share
+
+        ratio = self.topk_ratio if self.topk_ratio is not None else SchedulerConfig().max_ratio
+        shipped = 2 * shape.batch * math.ceil(ratio * shape.context) * shape.token_bytes
+        room = max(0, gpu_kv_bytes - shipped)
+        room = room // 2 if (self.adapt_split or self.three_way) else room
+        return {"gpu_budget": as_budget(gpu_share(room, shape, per_layer_spare=1))}
+
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: :func:`hybridgen.perf.costs.hybridgen_cost`, with the ``ship`` and
         three-way options priced by :func:`~hybridgen.perf.costs.hybridgen_variant_cost`;

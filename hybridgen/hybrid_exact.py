@@ -131,6 +131,12 @@ class HybridExact(KVMethod):
                 seg.release()
         self.gpu, self.host = [], []
 
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """The gpu share (tokens per layer) that fits the budget; the rest on the host tiers."""
+        from hybridgen.methods.placement import as_budget, gpu_share
+
+        return {"gpu_budget": as_budget(gpu_share(gpu_kv_bytes, shape))}
+
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: CPU attention over the host KV || GPU over its part, LSE merge."""
         from hybridgen.perf.costs import cpu_attention_split_cost

@@ -6,9 +6,9 @@ The runs themselves are read through :mod:`hybridgen.results` (the store and its
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -17,7 +17,8 @@ from hybridgen.results import ResultsStore, load_run
 
 
 def _stderr_log(msg: str) -> None:
-    print(msg, file=sys.stderr)
+    """Waits, replacements and left-out runs: warnings through logging (stderr; hidden by quiet)."""
+    logging.getLogger(__name__).warning(msg)
 
 
 # ----------------------------------------------------------------------------- aggregation

@@ -38,12 +38,12 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import math
 import os
 import re
 import shutil
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -178,7 +178,8 @@ _HELD: Dict[str, int] = {}
 
 
 def _stderr_log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """Waits, replacements and left-out runs: warnings through logging (stderr; hidden by quiet)."""
+    logging.getLogger(__name__).warning(msg)
 
 
 class ResultsStore:

@@ -18,7 +18,9 @@ What it sets (a value already in the environment wins, so a user can still overr
   reads it when torch loads it, so it only takes effect if torch is not imported yet; the
   record says whether it was (``torch_loaded_before``).
 - ``TOKENIZERS_PARALLELISM=false`` (the tokenizers' own thread pool forks badly with ours),
-  and, with ``offline=True``, the Hugging Face offline switches.
+  and, only with ``offline=True``, the Hugging Face offline switches. Entry points do not
+  ask for them: network mode is the user's choice (``HF_HUB_OFFLINE=1`` etc. in the
+  environment); the ``make`` targets and CI export them, so offline is their default.
 - Thread counts: torch's intra-op threads (``torch_threads``) and the CPU key scan's threads
   (``scan_threads``, kept in ``HYBRIDGEN_SCAN_THREADS``; default: torch's thread count).
 
@@ -73,12 +75,13 @@ def _scan_threads() -> int:
 
 
 def apply(*, torch_threads: Optional[int] = None, scan_threads: Optional[int] = None,
-          offline: bool = True) -> Dict[str, Any]:
+          offline: bool = False) -> Dict[str, Any]:
     """Set the environment and thread counts of this process; return (and keep) the record.
 
     torch_threads: torch's intra-op threads (None: leave torch's default).
     scan_threads: the CPU key scan's threads (None: keep ``HYBRIDGEN_SCAN_THREADS`` if set,
-    else follow torch's count). A bad value of either, or of ``HYBRIDGEN_SCAN_THREADS``,
+    else follow torch's count). offline: also set the Hugging Face offline switches (default
+    False: the environment decides, see module docstring). A bad value of either, or of ``HYBRIDGEN_SCAN_THREADS``,
     raises a one-line ConfigError before anything runs. Safe to call more than once: the
     record's ``given`` and ``torch_loaded_before`` describe the process before the first call.
     """

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments import sweep  # noqa: E402
+from experiments import preflight  # noqa: E402
 from hybridgen.errors import ConfigError  # noqa: E402
 
 EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
@@ -27,7 +27,7 @@ def test_the_paper_experiments_exist():
 
 @pytest.mark.parametrize("exp", EXPS)
 def test_every_experiment_composes_and_validates(exp, prepared_cache):
-    points = sweep.resolve_points([f"+exp={exp}"])
+    points = preflight.resolve_points([f"+exp={exp}"])
     assert points, exp
     names = {cfg.exp.name for _, cfg in points}
     assert names == {exp}
@@ -37,7 +37,7 @@ def test_every_experiment_composes_and_validates(exp, prepared_cache):
 
 
 def test_quickstart_runs_full_and_split_methods_with_fidelity():
-    points = sweep.resolve_points(["+exp=quickstart"])
+    points = preflight.resolve_points(["+exp=quickstart"])
     methods = [cfg.method.name for _, cfg in points]
     assert methods[0] == "full" and "hybrid-exact" in methods
     assert all(cfg.exp.fidelity for _, cfg in points)
@@ -45,7 +45,7 @@ def test_quickstart_runs_full_and_split_methods_with_fidelity():
 
 
 def test_command_line_sweep_replaces_the_experiment_sweep():
-    points = sweep.resolve_points(["+exp=quickstart", "method=full,h2o", "workload.batch=1,2"])
+    points = preflight.resolve_points(["+exp=quickstart", "method=full,h2o", "workload.batch=1,2"])
     got = sorted((cfg.method.name, cfg.workload.batch) for _, cfg in points)
     assert got == [("full", 1), ("full", 2), ("h2o", 1), ("h2o", 2)]
 
@@ -66,7 +66,7 @@ def test_method_presets_name_a_method_and_only_override_its_defaults():
 
 
 def test_a_method_runs_without_a_yaml_file():
-    points = sweep.resolve_points(["method.name=quest", "method.params.page_size=8"])
+    points = preflight.resolve_points(["method.name=quest", "method.params.page_size=8"])
     (_, cfg), = points
     assert cfg.method.name == "quest" and cfg.method.params.page_size == 8
 
@@ -114,7 +114,7 @@ def test_auto_gpu_capacity_subtracts_weights():
 ])
 def test_bad_input_is_one_config_error(overrides, expect):
     with pytest.raises(ConfigError) as ei:
-        sweep.resolve_points(overrides)
+        preflight.resolve_points(overrides)
     msg = str(ei.value)
     assert expect in msg and "\n" not in msg
 

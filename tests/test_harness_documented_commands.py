@@ -6,7 +6,8 @@ documented command gets a check) and each entry must still be documented (a chec
 outlive its text). An entry names the values every point must have, the exact sweep the command
 expands to, and, for the documented error example, the one line it prints.
 
-Resolution is :func:`experiments.sweep.resolve_points`, what ``run.py`` runs before anything else.
+Resolution is :func:`experiments.preflight.resolve_points`: Hydra's own sweeper expansion, every point
+composed and validated, what ``run.py``'s preflight callback does before the first job.
 To stay fast, the default run composes and validates one method of each sweep (the other methods
 are composed by ``tests/test_harness_config.py`` for every experiment) at every other point of the
 sweep; ``-m slow`` resolves every point. One command (the issue's own repro) also runs through the
@@ -35,7 +36,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments import sweep  # noqa: E402
+from experiments import preflight, validate  # noqa: E402
 from hybridgen.errors import ConfigError  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -139,7 +140,7 @@ DOCUMENTED: Dict[str, Claim] = {
         sweep={"method": ALL_METHODS}),
     # experiments/README.md: the one-line error example (the line below it in the README is checked too).
     "method=h2o method.params.budgte=0.1": Claim(
-        error="method 'h2o' has no parameter 'budgte'; its parameters are: budget, chunk, recent_fraction, tier"),
+        error="method 'h2o' has no parameter 'budgte'; its parameters are: budget, chunk, host_tier, offload, recent_fraction, tier"),
     # experiments/README.md and conf/hydra/launcher/*.yaml: the launchers.
     "-m +exp=prompt_sweep hydra/launcher=parallel": Claim(
         values={**SMOLLM, **CPU, "workload.batch": 1, "workload.gen_len": 16, "workload.source": "pydoc",
@@ -158,6 +159,10 @@ DOCUMENTED: Dict[str, Claim] = {
         sweep={"method": ALL_METHODS}),
     "-m +exp=quickstart hydra/launcher=local": Claim(
         values={**SMOLLM, "exp.name": "quickstart"}, sweep={"method": QUICKSTART_METHODS}),
+    # conf/exp/paper_speedup.yaml: a union of three sweeps (hydra/sweeper=union), not one product.
+    "+exp=paper_speedup results_dir=results": Claim(
+        covered_by="tests/test_paper_speedup.py::test_the_experiment_resolves_to_the_union_of_its_parts"),
+    "+exp=paper_speedup --cfg job": Claim(covered_by="tests/test_paper_speedup.py::test_cfg_job_resolves"),
 }
 
 _COMMAND = re.compile(r"(?:python3?|\$\(PY\)) experiments/run\.py\b")
@@ -217,10 +222,7 @@ def _overrides(argv: Sequence[str]) -> List[str]:
 
 
 def _expansion(overrides: Sequence[str]) -> List[List[str]]:
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(sweep.CONF_DIR), version_base="1.3", job_name="run"):
-        return sweep.expand(overrides)
+    return preflight.expand(overrides)
 
 
 def _swept(points: Sequence[Sequence[str]], keys: Sequence[str]) -> List[Tuple[str, ...]]:
@@ -263,7 +265,7 @@ def _check(command: str, every_point: bool, standin_method) -> None:
     overrides = _overrides(_argv(command))
     if claim.error is not None:
         with pytest.raises(ConfigError) as ei:
-            sweep.resolve_points(overrides)
+            preflight.resolve_points(overrides)
         assert str(ei.value) == claim.error
         assert f"error: {claim.error}" in (ROOT / "experiments" / "README.md").read_text()
         return
@@ -273,10 +275,10 @@ def _check(command: str, every_point: bool, standin_method) -> None:
     assert sorted(_swept(points, keys)) == expected, f"{command!r} expands to another sweep"
     assert len(points) == len(expected), f"{command!r} sweeps keys its claim does not list: {points[:2]}"
     if every_point:
-        resolved = sweep.resolve_points(overrides)
+        resolved = preflight.resolve_points(overrides)
     else:  # one value of each method key; every other point of the sweep
         pins = [f"{k}={claim.sweep[k][0]}" for k in keys if _is_method_key(k)]
-        resolved = sweep.resolve_points(overrides + pins)
+        resolved = preflight.resolve_points(overrides + pins)
         assert len(resolved) == len(expected) // max(1, _product([len(claim.sweep[k]) for k in keys
                                                                     if _is_method_key(k)]))
     for pt, cfg in resolved:
@@ -328,6 +330,7 @@ EXPERIMENT_DEFAULTS = {
     "mapping_ablation": ("smollm2-135m", "float32", "cpu-emulated", (1, 2048, 16, "pydoc")),
     "scheduler_trace": ("smollm2-135m", "float32", "cpu-emulated", (1, 2048, 64, "pydoc")),
     "speedup_projected": ("opt-13b", "float16", "h100", (20, 1920, 128, "pg-text")),
+    "paper_speedup": ("opt-13b", "float16", "h100", (20, 1920, 128, "pg-text")),
     "accuracy": ("smollm2-135m", "float32", "cpu-emulated", (1, 1024, 32, "pydoc")),
     "ruler": ("smollm2-135m", "float32", "cpu-emulated", (1, 1024, 32, "pydoc")),
 }
@@ -338,9 +341,9 @@ def test_every_experiment_has_its_documented_defaults():
 
     exps = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
     assert sorted(EXPERIMENT_DEFAULTS) == exps
-    with initialize_config_dir(config_dir=str(sweep.CONF_DIR), version_base="1.3", job_name="run"):
+    with initialize_config_dir(config_dir=str(validate.CONF_DIR), version_base="1.3", job_name="run"):
         for exp, (model, dtype, hardware, workload) in EXPERIMENT_DEFAULTS.items():
-            cfg = sweep.to_run_config(sweep.compose([f"+exp={exp}"]))
+            cfg = preflight.compose([f"+exp={exp}"])
             w = cfg.workload
             assert (cfg.model.name, cfg.model.dtype, cfg.hardware.name) == (model, dtype, hardware), exp
             assert (w.batch, w.prompt_len, w.gen_len, w.source) == workload, exp

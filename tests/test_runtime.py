@@ -48,7 +48,7 @@ def test_apply_sets_variables_before_torch_loads_and_thread_counts():
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["env"] == {"NUMBA_THREADING_LAYER": "workqueue", "OMP_WAIT_POLICY": "passive",
-                          "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HYBRIDGEN_SCAN_THREADS": "3"}
+                          "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": None, "HYBRIDGEN_SCAN_THREADS": "3"}
     assert out["torch"] == 1 and out["scan"] == 3
     rec = out["rec"]
     assert rec["applied"] is True and rec["torch_loaded_before"] is False and rec["given"] == []

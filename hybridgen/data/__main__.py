@@ -1,4 +1,4 @@
-"""`python -m hybridgen.data prepare [--only essays,bigbench] [--force]` and `... status`."""
+"""`python -m hybridgen.data [-v|-q] prepare [--only essays,bigbench] [--force]` and `... status`."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +17,12 @@ def main(argv=None) -> None:
     pp.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(prep.STEPS)}")
     pp.add_argument("--force", action="store_true", help="rebuild even when cached")
     sp.add_parser("status", help="which datasets are ready")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="debug messages")
+    p.add_argument("-q", "--quiet", action="count", default=0, help="no progress messages or bars (-qq: errors only)")
     args = p.parse_args(argv)
+    from hybridgen import log
+
+    log.setup(log.level_from_flags(args.verbose, args.quiet))
     if args.cmd == "prepare":
         only = [s.strip() for s in args.only.split(",") if s.strip()]
         prep.prepare(only, force=args.force)

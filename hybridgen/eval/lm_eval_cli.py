@@ -10,9 +10,23 @@ else is lm-eval's own command line, e.g.
         --model_args model=smollm2-135m,method=h2o,budget=0.2 \\
         --tasks hg_bigbench_social_iqa,hg_needle --limit 50
 
-A missing dataset, an unknown task, a hub-only task while the hub is off, a bad
-``--model_args`` value (checked before the model loads) or any other user error prints one
-line naming the fix and exits 2.
+With ``--model hybridgen`` the wrapper also:
+
+- passes the model's tokenizer directory to the tasks (``--metadata tokenizer=DIR``, unless
+  ``tokenizer`` is given), so RULER (``niah_single_1`` ...) runs without naming it by hand;
+- names the output directory after model and method: ``--output_path out`` writes
+  ``out/<model>__<method>[-param=value...]/results_<date>.json`` (and the samples beside it)
+  instead of lm-eval's ``out/<model>/``; a path ending in ``.json`` is left as given;
+- follows lm-eval's ``--verbosity`` for its own messages and progress bars
+  (``--verbosity WARNING`` hides both; see :mod:`hybridgen.log`);
+- prints the fidelity summary (top-1 agreement and KL against ``full``) after the table when
+  ``fidelity=true`` is in ``--model_args``.
+
+Standard lm-eval tasks (piqa, arc_easy, wikitext...) run unchanged; they need the hub, so
+unset ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` (the ``make`` targets set them). A missing
+dataset, an unknown task, a hub-only task while the hub is off, a bad ``--model_args`` value
+(checked before the model loads) or any other user error prints one line naming the fix and
+exits 2.
 """
 from __future__ import annotations
 
@@ -59,6 +73,60 @@ def _check_hybridgen_args(ns) -> None:
     check_model_args(**args)
 
 
+def _as_dict(raw) -> dict:
+    from lm_eval.utils import simple_parse_args_string
+
+    return simple_parse_args_string(raw) if isinstance(raw, str) else dict(raw or {})
+
+
+def run_dir_name(model_args: dict) -> str:
+    """``<model>__<method>[-param=value...]`` for ``--model hybridgen`` model_args (loader args left out)."""
+    from hybridgen.eval.lm_eval_model import _LOADER_ARGS
+    from hybridgen.model.hub import display_name, is_hub_id
+    from hybridgen.results import _fmt_value, slug
+
+    model = str(model_args.get("pretrained") or model_args.get("model") or "smollm2-135m")
+    part = display_name(model) if is_hub_id(model) else Path(model).name if os.sep in model else model
+    if str(model_args.get("weights", "real")) != "real":
+        part += f"-{model_args['weights']}"
+    skip = set(_LOADER_ARGS) | {"method", "score_mode", "fidelity", "progress", "add_bos", "max_gen_toks",
+                                "max_length", "rolling_prefill"}
+    params = {k: v for k, v in model_args.items() if k not in skip}
+    meth = slug(str(model_args.get("method", "full")), 30)
+    if params:
+        meth += "-" + "-".join(f"{slug(k, 20)}={slug(_fmt_value(v), 20)}" for k, v in sorted(params.items()))
+    return f"{slug(part, 40)}__{slug(meth, 120)}"
+
+
+def _prepare_hybridgen_run(ns) -> None:
+    """``--model hybridgen``: tokenizer for the tasks, output directory named after model and method."""
+    from hybridgen.model.loading import tokenizer_dir
+
+    args = _as_dict(getattr(ns, "model_args", None))
+    meta = _as_dict(getattr(ns, "metadata", None))
+    if not (args.get("tokenizer") or meta.get("tokenizer")):
+        tok = tokenizer_dir(str(args.get("pretrained") or args.get("model") or "smollm2-135m"),
+                            str(args.get("weights", "real")))
+        if tok is not None:
+            meta["tokenizer"] = str(tok)
+            ns.metadata = meta
+    out = getattr(ns, "output_path", None)
+    if out and not str(out).endswith(".json"):
+        ns.output_path = str(Path(out) / run_dir_name(args) / "results.json")
+
+
+def format_report(rec: dict) -> str:
+    """One line of a finished ``--model hybridgen`` evaluation's fidelity against ``full``."""
+    fid = rec.get("fidelity") or {}
+    params = ",".join(f"{k}={v}" for k, v in sorted((rec.get("method_params") or {}).items()))
+    head = f"fidelity of {rec['model']} / {rec['method']}{f' ({params})' if params else ''} against full"
+    if not fid.get("tokens"):
+        return (f"{head}: no tokens compared (fidelity is measured on teacher-forced loglikelihood and perplexity "
+                "requests in score_mode=decode; generation tasks such as RULER have none)")
+    return (f"{head}: top-1 agreement {fid['top1_agreement']:.4f}, mean KL {fid['mean_kl']:.4g}, "
+            f"max KL {fid['max_kl']:.4g} over {fid['tokens']} tokens")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from hybridgen import runtime
 
@@ -80,11 +148,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         setup_logging()
         parser = HarnessCLI()
         ns = parser.parse_args()
+        from hybridgen import log
+
+        log.setup(getattr(ns, "verbosity", None) or None)  # lm-eval's --verbosity sets ours too
         if getattr(ns, "command", None) in _WITH_TASKS and hasattr(ns, "include_path"):
             ns.include_path = include_paths(ns.include_path, str(tasks_dir()))
+        hybridgen_run = getattr(ns, "command", None) == "run" and getattr(ns, "model", None) == "hybridgen"
         if getattr(ns, "command", None) == "run":
             _check_hybridgen_args(ns)
+        if hybridgen_run:
+            _prepare_hybridgen_run(ns)
+        from hybridgen.eval.lm_eval_model import REPORTS
+
+        done = len(REPORTS)
         parser.execute(ns)
+        for rec in REPORTS[done:]:
+            if rec.get("fidelity") is not None:
+                print(format_report(rec))
     except HybridGenError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -47,7 +47,11 @@ How a KV method acts on scores (the honest way; documented choice):
 
 Fidelity (``fidelity=true``): every decode-scored token's distribution is compared with the
 dense pass over the same tokens (= ``full``): top-1 agreement and KL(full || method),
-accumulated over tokens; read it from :attr:`HybridGenLM.fidelity_summary`.
+accumulated over tokens; read it from :attr:`HybridGenLM.fidelity_summary`. lm-eval calls
+:meth:`HybridGenLM.get_model_info` after the evaluation: the method, its parameters and the
+fidelity summary go into the results' ``config`` (so into lm-eval's results JSON), and the
+same record is appended to :data:`REPORTS`, which ``hybridgen-lm-eval`` prints after the
+results table.
 """
 from __future__ import annotations
 
@@ -61,6 +65,8 @@ from lm_eval.api.registry import register_model
 from hybridgen.errors import ConfigError
 
 _TRUE, _FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
+#: one record per finished evaluation in this process (see module docstring, fidelity)
+REPORTS: List[Dict[str, Any]] = []
 
 
 def as_bool(value: Any, name: str, allow_none: bool = False) -> Optional[bool]:
@@ -228,6 +234,14 @@ class HybridGenLM(LM):
         self._fid["top1"] += m["top1_agreement"] * n
         self._fid["kl"] += m["mean_kl"] * n
         self._fid["max_kl"] = max(self._fid["max_kl"], m["max_kl"])
+
+    def get_model_info(self) -> Dict[str, Any]:
+        """What lm-eval adds to its results' ``config`` once the evaluation is done (also kept in REPORTS)."""
+        info = {"hybridgen": {"model": self.engine.name, "method": self.method_name,
+                              "method_params": dict(self.method_params), "requests_scored": dict(self.requests_scored),
+                              "fidelity": self.fidelity_summary if self.fidelity else None}}
+        REPORTS.append(info["hybridgen"])
+        return info
 
     @property
     def fidelity_summary(self) -> Dict[str, Any]:

@@ -3,14 +3,23 @@
 Notebooks call :func:`runs` (one row per finished run of an experiment, every metric flattened
 to dotted columns) and :func:`save` (writes a PNG under results/figures/). When an experiment
 has no finished runs, :func:`runs` returns None and prints the command that produces them, so a
-notebook can skip its figure instead of crashing.
+notebook can skip its figure instead of crashing. :func:`all_runs` loads every experiment's
+finished runs into one DataFrame (an ``exp`` column says which experiment each row is from):
+
+    from hybridgen.eval.plotdata import all_runs
+    df = all_runs()                       # results/ of this checkout (or $HYBRIDGEN_RESULTS)
+    df = all_runs("outputs", exps=["quickstart", "accuracy"])
+    df.groupby(["exp", "method.name"]).size()
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+log = logging.getLogger(__name__)
 
 
 def repo_root() -> Path:
@@ -39,10 +48,47 @@ def runs(exp: str, hint: str = ""):
 
     rows = collect(results_dir(), exp)
     if not rows:
-        print(f"[{exp}] no finished runs under {results_dir() / exp}; produce them with: "
-              f"{hint or f'python experiments/run.py +exp={exp}'}  (figure skipped)")
+        log.warning("[%s] no finished runs under %s; produce them with: %s  (figure skipped)", exp,
+                    results_dir() / exp, hint or f"python experiments/run.py +exp={exp}")
         return None
     return pd.DataFrame(rows)
+
+
+def experiments(root: Union[None, str, os.PathLike] = None) -> List[str]:
+    """Names of the experiments under ``root`` (default :func:`results_dir`) with a finished run."""
+    from hybridgen.results import ResultsStore
+
+    base = Path(root) if root is not None else results_dir()
+    if not base.is_dir():
+        return []
+    return [d.name for d in sorted(base.iterdir())
+            if d.is_dir() and not d.name.startswith((".", "_")) and ResultsStore(base, d.name).finished_runs()]
+
+
+def all_runs(root: Union[None, str, os.PathLike] = None, exps: Optional[Sequence[str]] = None):
+    """One DataFrame of the finished runs of every experiment (or of ``exps``) under ``root``.
+
+    Columns: ``exp`` (the experiment), then the union of every run's flattened columns
+    (``method.name``, ``metrics.*``, ``workload.*``, ``run.name``...; a column a run lacks is
+    NaN). Damaged runs are left out (as in :func:`runs`). An empty DataFrame when none finished.
+    """
+    import pandas as pd
+
+    from hybridgen.result_tables import collect
+
+    base = Path(root) if root is not None else results_dir()
+    names = list(exps) if exps is not None else experiments(base)
+    frames = []
+    for exp in names:
+        rows = collect(base, exp)
+        if rows:
+            frames.append(pd.DataFrame(rows).assign(exp=exp))
+        else:
+            log.info("[%s] no finished runs under %s", exp, base / exp)
+    if not frames:
+        return pd.DataFrame(columns=["exp"])
+    df = pd.concat(frames, ignore_index=True, sort=False)
+    return df[["exp"] + [c for c in df.columns if c != "exp"]]
 
 
 def run_dirs(exp: str) -> List[Path]:
@@ -64,7 +110,7 @@ def save(fig, name: str) -> Path:
     """Save a figure as results/figures/<name>.png (150 dpi) and return the path."""
     path = figures_dir() / f"{name}.png"
     fig.savefig(path, dpi=150, bbox_inches="tight")
-    print(f"wrote {path}")
+    print(f"wrote {path}")  # what the notebook made (its output, like a result)
     return path
 
 

@@ -57,6 +57,14 @@ class Full(KVMethod):
                 seg.release()
         self.segments = []
 
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """All KV on the GPU: nothing to derive; refused when it does not fit."""
+        from hybridgen.methods.placement import refuse
+
+        if shape.full_bytes > gpu_kv_bytes:
+            raise refuse(self.name, shape.full_bytes, gpu_kv_bytes, "the whole KV cache")
+        return {}
+
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: dense attention over the whole context on the GPU."""
         from hybridgen.perf.costs import full_cost

@@ -131,6 +131,14 @@ class KVMethod:
         """
         return None
 
+    # -- placement under one GPU memory budget ---------------------------------------
+    def placement_for(self, gpu_kv_bytes: int, shape: Any) -> Optional[Dict[str, Any]]:
+        """Parameter overrides that place this method's KV within ``gpu_kv_bytes`` of GPU memory
+        for the workload ``shape`` (a :class:`hybridgen.methods.placement.KVShape`), counting
+        everything it allocates on the gpu tier; None = this method cannot derive its placement.
+        Raise a one-line ConfigError when it cannot fit at all (see ``placement.refuse``)."""
+        return None
+
     # -- reporting -------------------------------------------------------------------
     def count(self, key: str, amount: float) -> None:
         self.stats[key] = self.stats.get(key, 0) + amount

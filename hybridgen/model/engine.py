@@ -35,6 +35,9 @@ from hybridgen.model.rotary import RotaryEmbedding
 from hybridgen.model.spec import ModelSpec
 from hybridgen.model.weights import LayerWeights, ModelWeights
 
+#: prompts of at least this many tokens (batch x length) get a per-layer prefill progress bar
+PREFILL_BAR_TOKENS = 2048
+
 if TYPE_CHECKING:
     from hybridgen.model.generation import GenerationResult
 
@@ -335,8 +338,11 @@ class Engine:
 
         h = self._embed(ids, positions)
         cs = self._cos_sin(positions)
-        try:
-            for i in range(s.num_layers):
+        from hybridgen.log import bar
+
+        try:  # a per-layer bar on long prompts (hidden unless hybridgen.log is at info; see hybridgen/log.py)
+            for i in bar(range(s.num_layers), desc=f"prefill [{method.name}] {B}x{T} tok", unit="layer",
+                         disable=None if B * T >= PREFILL_BAR_TOKENS else True, leave=False):
                 h = self._layer(i, h, cs, attend)
         except BaseException:
             method.release()  # e.g. a CapacityError at some layer: free what earlier layers took

@@ -1,4 +1,6 @@
-"""``load_model``: a shipped architecture name or a local HF checkpoint directory -> :class:`Engine`.
+"""``load_model``: a shipped architecture name, a local HF checkpoint directory or a Hugging Face
+hub id (``'HuggingFaceTB/SmolLM2-135M'``, fetched through ``huggingface_hub`` honouring its cache
+and offline mode; see :mod:`hybridgen.model.hub`) -> :class:`Engine`.
 
 weights:
 - 'real'   the checkpoint's safetensors (for 'smollm2-135m' the GGUF-prepared cache, made on
@@ -16,7 +18,7 @@ from typing import Optional, Union
 import torch
 
 from hybridgen.errors import ConfigError, MissingDataError
-from hybridgen.model import smollm2
+from hybridgen.model import hub, smollm2
 from hybridgen.model.engine import Engine
 from hybridgen.model.spec import ModelSpec, list_models, read_config_file, shipped_config
 from hybridgen.model.weights import CheckpointSource, build_weights, checkpoint_problem, dummy_source, random_source
@@ -80,8 +82,8 @@ def check_checkpoint(name_or_path: Union[str, Path], weights: str = "real") -> N
         path, fix = smollm2.prepared_dir(), _damaged_cache_fix(smollm2.prepared_dir())
         if not path.exists():
             return
-    elif name in list_models():
-        return
+    elif name in list_models() or hub.is_hub_id(name):
+        return  # a hub snapshot is checked as a directory once _resolve has fetched it
     else:
         path = Path(name).expanduser()
         if not path.is_dir() or not (path / "config.json").is_file():
@@ -104,6 +106,13 @@ def _resolve(name_or_path: Union[str, Path], weights: str):
             return name, read_config_file(path / "config.json"), path, path
         raise MissingDataError(f"no real weights for {name!r} are available offline; pass a local HF checkpoint "
                                "directory instead of the name, or use weights='dummy' or 'random'")
+    if hub.is_hub_id(name):
+        snap = hub.snapshot(name, weights=weights == "real")
+        if weights == "real":
+            problem = checkpoint_problem(snap)
+            if problem:
+                raise MissingDataError(f"hub model {name!r} in {snap} is damaged or incomplete: {problem}")
+        return hub.display_name(name), read_config_file(snap / "config.json"), (snap if weights == "real" else None), snap
     path = Path(name).expanduser()
     if path.is_dir():
         cfg_file = path / "config.json"
@@ -115,7 +124,7 @@ def _resolve(name_or_path: Union[str, Path], weights: str):
         raise MissingDataError(f"checkpoint directory {name} does not exist; download the model there, or use "
                                f"a shipped name: {', '.join(list_models())}")
     raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(list_models())} "
-                      "or pass a local HF checkpoint directory")
+                      "or pass a local HF checkpoint directory or a hub id (owner/name)")
 
 
 def _load_tokenizer(path: Optional[Path]):
@@ -128,6 +137,19 @@ def _load_tokenizer(path: Optional[Path]):
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def tokenizer_dir(name_or_path: Union[str, Path], weights: str = "real") -> Optional[Path]:
+    """The directory :func:`load_model` reads the tokenizer from (None: the model has none).
+
+    For tools that load the tokenizer themselves (lm-eval's RULER tasks); may prepare the
+    SmolLM2 cache or fetch a hub snapshot, as loading would.
+    """
+    tok = _resolve(name_or_path, weights if weights in WEIGHT_KINDS else "real")[3]
+    if tok is None or not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                            "tokenizer.model")):
+        return None
+    return Path(tok)
 
 
 def model_spec(name_or_path: Union[str, Path]) -> ModelSpec:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,8 +75,8 @@ def ensure_smollm2(verbose: bool = True) -> Path:
                                f"(rm -r {target}) and rerun: it is prepared again from the GGUF")
     gguf = find_gguf()
     if verbose:
-        print(f"hybridgen: preparing SmolLM2-135M-Instruct once (GGUF -> safetensors, ~20 s) into {target}",
-              file=sys.stderr, flush=True)
+        logging.getLogger(__name__).warning("hybridgen: preparing SmolLM2-135M-Instruct once (GGUF -> safetensors, "
+                                            "~20 s) into %s", target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}-", dir=target.parent))
     try:

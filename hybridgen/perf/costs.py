@@ -38,7 +38,18 @@ S_g, S_h = c.split(gpu_budget); r = a budget's fraction of the context (c.fracti
   snapkv          attn = gpu_attn(r*S)
   streamingllm    attn = gpu_attn(min(S, max(r*S, sinks)))
   quest           attn = page bounds (B*Hkv*(S/page)*2*D*b / attention_gbps) + gpu_attn(r*S)
-  (h2o, snapkv, streamingllm, quest keep their KV on the GPU)
+  (h2o, snapkv, streamingllm, quest with offload='none' keep their KV on the GPU)
+  offloaded kept KV (offload='stream', "H2O on FlexGen"): n = tokens streamed (the kept set;
+                  quest: the whole context), xfer = copy(B*n*kv_tok) at the host tier's rate
+                  (K and V), gpu = the resident method's attention; layer = max(xfer, rest + gpu)
+                  (next layer prefetched);  (offload='cpu'): the step on the host, after the
+                  GPU's projections: cpu = B*n_read*kv_tok / cpu_attention rate + the method's
+                  own host passes + SPLIT_HOST_OPS*op_us + q,k,v down, out up; layer = rest + cpu
+  uvm (projected only: oversubscribed managed memory can hang a shared GPU, so it is not run)
+                  the KV that does not fit the GPU (S_h of the kept tokens, UVM+H2O: r*S kept)
+                  migrates by page faults each step: B*S_h*kv_tok at UVM_MIGRATION_SHARE of the
+                  pinned link rate + one fault-batch latency per UVM_FAULT_BATCH_BYTES; the
+                  kernel stalls on its faults (no overlap): layer = rest + gpu_attn(kept) + migrate
 
 Host placement: the host-KV methods other than ``hybridgen`` default to DRAM ('dram');
 ``hybridgen`` to 'semantic' (keys on DRAM, values on CXL when the profile has a CXL node);
@@ -62,10 +73,16 @@ SPLIT_HOST_OPS = 12       # the CPU partial attention: torch ops, each a thread 
 # logsumexp/where/max, top-k, logits at idx, gathers, staging) and ~20 launch GPU kernels
 HYBRIDGEN_HOST_OPS = 14
 HYBRIDGEN_GPU_KERNELS = 20
+# UVM demand paging (model assumptions, not measured here: UVM is never run, see uvm_cost):
+# fault-driven migration reaches a fraction of the pinned copy rate, and each batch of faults
+# (about 2 MiB of pages) pays a fault-handling latency on top
+UVM_MIGRATION_SHARE = 0.5
+UVM_FAULT_BATCH_BYTES = 2 << 20
+UVM_FAULT_US = 30.0
 
 __all__ = ["CostContext", "LayerCost", "full_cost", "flexgen_stream_cost", "cpu_attention_split_cost",
            "hybridgen_cost", "infinigen_cost", "gpu_resident_cost", "h2o_cost", "snapkv_cost",
-           "streamingllm_cost", "quest_cost"]
+           "streamingllm_cost", "quest_cost", "offloaded_kept_cost", "uvm_cost"]
 
 
 def full_cost(c: CostContext) -> LayerCost:
@@ -230,6 +247,60 @@ def quest_cost(c: CostContext, budget_ratio: float, page_size: int) -> LayerCost
     pages = math.ceil(c.S / page_size)
     bounds = c.B * c.Hkv * pages * 2 * c.D * c.b / (c.hw.gpu.attention_gbps * 1e9) + c.launch
     return gpu_resident_cost(c, budget_ratio * c.S, bounds, resident=c.S + 2 * pages, label="quest")
+
+
+def offloaded_kept_cost(c: CostContext, resident: LayerCost, streamed_tokens: float, read_tokens: float,
+                        mode: str, mapping: Placement = "dram", host_extra_bytes: float = 0.0) -> LayerCost:
+    """An evicting method with its kept KV on the host (``mode`` 'stream' or 'cpu').
+
+    resident: the method's GPU-resident cost (its GPU attention and own work); streamed_tokens:
+    KV tokens per sequence copied each layer-step ('stream'); read_tokens: KV tokens per
+    sequence the host reads when the step runs on the CPU ('cpu'); host_extra_bytes: the
+    method's other host passes per layer ('cpu': scores, page bounds), read at DRAM rate.
+    """
+    key_tier, value_tier = c.tiers(mapping)
+    label = resident.label + "-offload-" + mode
+    if mode == "stream":
+        nbytes = c.B * streamed_tokens * c.kv_tok
+        xfer = c.copy(nbytes / 2, c.tier_read(key_tier)) + c.copy(nbytes / 2, c.tier_read(value_tier)) if nbytes else 0.0
+        gpu = resident.attn
+        bd = dict(resident.breakdown, h2d_bytes=nbytes, transfer_s=xfer)
+        return LayerCost(attn=xfer + gpu, layer=max(xfer, c.rest + gpu), gpu=c.rest + gpu, transfer=xfer,
+                         gpu_tokens=0.0, staging_tokens=2 * streamed_tokens, breakdown=bd, label=label)
+    rate = c.cpu_attention_rate()
+    half = c.B * read_tokens * c.key_tok
+    cpu_attn = c.stream_time(half, rate, key_tier) + c.stream_time(half, rate, value_tier)
+    extra = host_extra_bytes / (c.hw.host.dram_read_gbps * 1e9)
+    small = c.B * (c.Hq + 2 * c.Hkv) * c.D * c.b  # q, k, v down
+    xfer = c.copy(small) + c.copy(c.B * c.Hq * c.D * c.b)  # ... and the output up
+    cpu = cpu_attn + extra + c.fixed(host_ops=SPLIT_HOST_OPS) + xfer
+    bd = {"cpu_attn_s": cpu_attn, "host_extra_s": extra, "transfer_s": xfer, "rest_s": c.rest,
+          "h2d_bytes": c.B * c.Hq * c.D * c.b, "host_kv_bytes": 2 * half}
+    return LayerCost(attn=cpu, layer=c.rest + cpu, cpu=cpu, gpu=c.rest, transfer=xfer, gpu_tokens=0.0,
+                     breakdown=bd, label=label)
+
+
+def uvm_cost(c: CostContext, kept_ratio: float = 1.0, gpu_kv_bytes: Optional[float] = None) -> LayerCost:
+    """UVM (managed memory, oversubscribed) over the kept ``kept_ratio`` of the context
+    (1.0: plain UVM; an H2O budget: UVM + H2O). gpu_kv_bytes: GPU memory left for KV (None:
+    profile GPU memory minus the weights); the kept KV beyond it migrates by page faults every
+    step (module docstring). PROJECTED only: never run (oversubscription can hang a shared GPU)."""
+    L = c.shape.num_layers
+    kept = kept_ratio * c.S
+    total = L * c.B * kept * c.kv_tok
+    room = (c.hw.gpu.memory_gb * 1e9 - c.weights_bytes) if gpu_kv_bytes is None else float(gpu_kv_bytes)
+    spill = max(0.0, total - max(0.0, room)) / L  # bytes per layer that do not stay resident
+    rate = UVM_MIGRATION_SHARE * c.hw.link.h2d_pinned_gbps * 1e9
+    migrate = spill / rate + math.ceil(spill / UVM_FAULT_BATCH_BYTES) * UVM_FAULT_US * 1e-6 if spill else 0.0
+    gpu = c.gpu_attn(kept)
+    if kept_ratio < 1.0:  # H2O's score update
+        gpu += c.B * c.Hq * kept * 4 * 2 / (c.hw.gpu.hbm_gbps * 1e9) + c.launch
+    attn = gpu + migrate
+    resident = kept - spill / max(c.B * c.kv_tok, 1)
+    return LayerCost(attn=attn, layer=c.rest + attn, gpu=c.rest + gpu, transfer=migrate, gpu_tokens=resident,
+                     breakdown={"migrated_bytes": spill, "migrate_s": migrate, "gpu_attn_s": gpu, "rest_s": c.rest,
+                                "kept_tokens": kept},
+                     label="uvm" if kept_ratio >= 1.0 else "uvm-h2o")
 
 
 def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, ship: str = "logits",

@@ -1,0 +1,341 @@
+"""``python experiments/paper_speedup.py [--results-dir outputs]``: the paper comparison's table and figure.
+
+Reads the finished runs of ``+exp=paper_speedup`` (``<results-dir>/paper_speedup/<run>/metrics.json``)
+and writes next to them:
+
+- ``table.md``: per case (the InfiniGen template; 32K at batch 1, 2, 4, 8; the CPU-emulated run) one
+  table with a row per baseline and a column per GPU; a cell is HybridGen's speedup over that
+  baseline (baseline step time / HybridGen step time, same batch, so also the throughput ratio),
+  labelled ``measured`` (a run on that GPU), ``emulated`` (a run on this machine's CPUs, gpu tier
+  emulated) or ``projected`` (the performance model; ``±E%`` is the largest error of the model on
+  the validated rows of that cost function, results/perfmodel/validation.json; ``not validated``
+  where no row checks it), and the resource that bounds the baseline there (GPU, CPU or PCIe,
+  the largest of the model's three branch totals). Fidelity columns: the method's top-1 agreement
+  and mean KL to ``full`` from the emulated run (real SmolLM2, same method code, same KV budget);
+- ``table.csv``: the same, one line per (case, GPU, baseline), every number;
+- ``speedup.png``: the speedups per GPU with the paper's 1.41x-3.2x band drawn;
+- ``provenance.json``: this command, the code version(s) of the runs and of this script, the
+  experiment's resolved settings per case, and the date.
+
+Choices: the decode step is priced at mid-generation (hybridgen/eval/projection.py); a method whose
+KV does not fit in the GPU memory budget (its placement is refused, or the model says it does not fit)
+is shown as ``does not fit`` (it could not run there); an offloaded preset without its own emulated
+run shows its GPU-resident preset's fidelity (same tokens, tests/test_offload.py), marked ``(= h2o)``; the
+baseline rows are the method presets of the experiment's sweep (``method=NAME``), HybridGen is the
+``hybridgen-b20`` preset (or ``hybridgen``) and ``full`` is shown as a reference row.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
+
+EXP = "paper_speedup"
+PAPER_BAND = (1.41, 3.2)
+HYBRIDGEN_PRESETS = ("hybridgen-b20", "hybridgen")
+GPUS = [("a100", "A100 80GB"), ("h100", "H100 80GB"), ("rtx5090", "RTX 5090 32GB"), ("h200", "H200 141GB")]
+CPU_COLUMN = ("cpu-emulated", "this CPU (emulated)")
+# preset -> row label; presets not named here are shown by their name
+LABELS = {"flexgen": "FlexGen", "flexgen-int4": "FlexGen + INT4", "infinigen": "InfiniGen", "h2o": "H2O",
+          "h2o-offload": "H2O offloaded (on FlexGen)", "snapkv": "SnapKV", "snapkv-offload": "SnapKV offloaded",
+          "streamingllm": "StreamingLLM", "streamingllm-offload": "StreamingLLM offloaded", "quest": "Quest",
+          "quest-offload": "Quest offloaded", "uvm": "UVM", "uvm-h2o": "UVM + H2O", "full": "full (reference)"}
+# perf-model cost label -> validation rows that check it (name fragment, or the run's method)
+VALIDATED_BY = {"full": ("GPU SDPA", "method:full"), "hybridgen": ("HybridGen step", "method:hybridgen"),
+                "flexgen-stream": ("FlexGen stream", "stream (fetch)", "method:flexgen-stream"),
+                "cpu-attention-split": ("CPU attention split", "exact split", "method:flexgen-cpu")}
+
+
+def case_of(m: Dict[str, Any]) -> str:
+    """'template' | 'long-b<batch>' | 'emulated' (| 'other') of one run's metrics."""
+    w, model = m.get("workload") or {}, (m.get("model") or {}).get("name")
+    if (m.get("run") or {}).get("kind") == "generate":
+        return "emulated"
+    if model == "opt-13b" and (w.get("batch"), w.get("prompt_len"), w.get("gen_len")) == (20, 1920, 128):
+        return "template"
+    if model == "llama-3.1-8b":
+        return f"long-b{w.get('batch')}"
+    return "other"
+
+
+def preset_of(m: Dict[str, Any]) -> str:
+    """The method preset the run was asked for (its ``method=NAME`` override), else the method name."""
+    for o in (m.get("run") or {}).get("overrides") or []:
+        key, _, val = str(o).partition("=")
+        if key.lstrip("+~") == "method":
+            return val
+    return (m.get("method") or {}).get("name", "?")
+
+
+def model_error(cost: Optional[str], validation: Optional[Dict[str, Any]]) -> Optional[float]:
+    """Largest |error| (%) of the model on the validation rows that check ``cost`` (None: none do)."""
+    keys = VALIDATED_BY.get(cost or "")
+    if not keys or not validation:
+        return None
+    errs = []
+    for row in validation.get("rows", []):
+        for k in keys:
+            hit = row.get("method") == k[7:] if k.startswith("method:") else k in row.get("name", "")
+            if hit and row.get("error_pct") is not None and not row.get("fitted"):
+                errs.append(abs(float(row["error_pct"])))
+                break
+    return max(errs) if errs else None
+
+
+def _bound(p: Dict[str, Any]) -> str:
+    parts = {"GPU": p.get("gpu_branch_s") or 0.0, "CPU": p.get("cpu_branch_s") or 0.0, "PCIe": p.get("transfer_s") or 0.0}
+    return max(parts, key=parts.get)
+
+
+def point(m: Dict[str, Any], validation: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """One run as a flat record: case, gpu, preset, step seconds, label, model error, bound, fidelity."""
+    run, hw = m.get("run") or {}, m.get("hardware") or {}
+    fid = m.get("fidelity") or {}
+    rec = {"case": case_of(m), "gpu": hw.get("name"), "preset": preset_of(m),
+           "method": (m.get("method") or {}).get("name"), "params": json.dumps((m.get("method") or {}).get("params", {}),
+                                                                                sort_keys=True, default=str),
+           "model": (m.get("model") or {}).get("name"), "dtype": (m.get("model") or {}).get("dtype"),
+           "batch": (m.get("workload") or {}).get("batch"), "prompt": (m.get("workload") or {}).get("prompt_len"),
+           "gen": (m.get("workload") or {}).get("gen_len"), "run": run.get("name"),
+           "top1": fid.get("top1_agreement"), "kl": fid.get("mean_kl"), "code": run.get("code")}
+    if run.get("kind") == "project":
+        p = m.get("projected") or {}
+        ok = p.get("status") == "ok" and p.get("step_s") is not None
+        fits = bool(p.get("fits_gpu")) if ok else False if p.get("status") == "does not fit" else None
+        rec.update(label="projected", step_s=p.get("step_s") if ok else None, fits=fits, reason=p.get("reason"),
+                   cost=p.get("perf_cost"), bound=_bound(p) if ok else None,
+                   error_pct=model_error(p.get("perf_cost"), validation), status=p.get("status"))
+    else:
+        device = (run.get("realized") or {}).get("device", "cpu-emulated")
+        lat = m.get("latency") or {}
+        steps = lat.get("decode_ms_per_token")
+        rec.update(label="emulated" if device == "cpu-emulated" else "measured",
+                   step_s=steps / 1e3 if steps else None, fits=True, cost=None, bound=None, error_pct=None,
+                   status="ok" if steps else "no time", reason=None)
+        if rec["label"] == "emulated":
+            rec["gpu"] = CPU_COLUMN[0]
+    return rec
+
+
+def load_points(root: Path, validation: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+    from hybridgen.results import ResultsStore, load_run
+
+    store = ResultsStore(root, EXP)
+    pts = [point(load_run(d), validation) for d in store.finished_runs()]
+    # a derived placement equal to an offloaded preset's is one run (same identity): show it in both rows
+    have = {(p["case"], p["gpu"], p["preset"]) for p in pts}
+    for p in list(pts):
+        twin = f"{p['preset']}-offload"
+        if json.loads(p["params"]).get("offload") == "stream" and (p["case"], p["gpu"], twin) not in have:
+            pts.append({**p, "preset": twin})
+    if not pts:
+        raise ConfigError(f"no finished runs under {Path(root) / EXP}; run: python experiments/run.py "
+                          f"+exp={EXP} results_dir={root}")
+    return pts
+
+
+def speedups(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One record per (case, gpu, baseline preset): HybridGen's speedup over it, with labels."""
+    out = []
+    groups: Dict[tuple, Dict[str, Dict[str, Any]]] = {}
+    for p in points:
+        groups.setdefault((p["case"], p["gpu"]), {})[p["preset"]] = p
+    fidelity = {p["preset"]: p for p in points if p["case"] == "emulated"}
+    for (case, gpu), by_preset in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+        hg_name = next((h for h in HYBRIDGEN_PRESETS if h in by_preset), None)
+        hg = by_preset.get(hg_name) if hg_name else None
+        for preset, p in sorted(by_preset.items()):
+            if preset == hg_name:
+                continue
+            hg_ok = bool(hg and hg["step_s"] and hg["fits"] is not False)
+            base_ok = bool(p["step_s"] and p["fits"] is not False)
+            sp = p["step_s"] / hg["step_s"] if hg_ok and base_ok else None
+            # an offloaded preset ('h2o-offload') gives the GPU-resident one's tokens (tests/test_offload.py):
+            # without its own emulated run its fidelity is that one's, marked in fidelity_from
+            own = preset if preset in fidelity else preset.rsplit("-offload", 1)[0]
+            f = fidelity.get(own, {})
+            out.append({"case": case, "gpu": gpu, "baseline": preset, "row": LABELS.get(preset, preset),
+                        "method": p["method"], "params": p["params"], "label": p["label"],
+                        "model_error_pct": p["error_pct"], "cost": p["cost"],
+                        "baseline_step_ms": 1e3 * p["step_s"] if p["step_s"] else None,
+                        "hybridgen_step_ms": 1e3 * hg["step_s"] if hg and hg["step_s"] else None,
+                        "speedup": sp, "baseline_fits": p["fits"], "hybridgen_fits": hg["fits"] if hg else None,
+                        "bound": p["bound"], "hybridgen_bound": hg["bound"] if hg else None,
+                        "model": p["model"], "batch": p["batch"], "prompt": p["prompt"], "gen": p["gen"],
+                        "top1": f.get("top1"), "kl": f.get("kl"), "fidelity_from": own if f else None,
+                        "reason": p.get("reason") or (hg or {}).get("reason"),
+                        "hybridgen_top1": (fidelity.get(hg_name) or {}).get("top1"),
+                        "hybridgen_kl": (fidelity.get(hg_name) or {}).get("kl")})
+    return out
+
+
+def cell(r: Dict[str, Any]) -> str:
+    """'2.13x projected ±10% (PCIe)' / 'does not fit (baseline) projected' / '0.91x emulated'."""
+    lab = r["label"]
+    if lab == "projected":
+        lab += f" ±{r['model_error_pct']:.0f}%" if r["model_error_pct"] is not None else " (not validated)"
+    if r["speedup"] is None:
+        who = "baseline" if r["baseline_fits"] is False else "HybridGen" if r["hybridgen_fits"] is False else None
+        return f"{'does not fit (' + who + ')' if who else 'n/a'} {lab}"
+    bound = f" ({r['bound']})" if r.get("bound") else ""
+    return f"{r['speedup']:.2f}x {lab}{bound}"
+
+
+def _uvm_reason() -> str:
+    try:
+        from hybridgen.methods.uvm import PROJECTED_ONLY_REASON
+    except ImportError:
+        return "projected only"
+    return PROJECTED_ONLY_REASON
+
+
+def _fid(r: Dict[str, Any], key: str, fmt: str) -> str:
+    text = _num(r[key], fmt)
+    return text + (f" (= {r['fidelity_from']})" if r.get("fidelity_from") not in (None, r["baseline"]) and text != "-"
+                   else "")
+
+
+CASE_TITLES = {"template": "InfiniGen's template: OPT-13B fp16, prompt 1920, 128 new tokens, batch 20",
+               "emulated": "This machine (2 CPU cores, gpu tier emulated): real SmolLM2-135M, 1K pydoc prompt, 32 new tokens"}
+
+
+def _case_title(case: str, rows: Sequence[Dict[str, Any]]) -> str:
+    if case in CASE_TITLES:
+        return CASE_TITLES[case]
+    r = rows[0]
+    return f"Long context: {r['model']}, prompt {r['prompt']} + {r['gen']} new tokens, batch {r['batch']}"
+
+
+def _case_order(case: str) -> tuple:
+    if case == "template":
+        return (0, 0)
+    if case.startswith("long-b"):
+        return (1, int(case[6:]))
+    return (2, 0)
+
+
+def markdown(rows: Sequence[Dict[str, Any]]) -> str:
+    lines = []
+    for case in sorted({r["case"] for r in rows}, key=_case_order):
+        rs = [r for r in rows if r["case"] == case]
+        cols = [CPU_COLUMN] if case == "emulated" else [g for g in GPUS if any(r["gpu"] == g[0] for r in rs)]
+        lines += [f"### {_case_title(case, rs)}", "",
+                  "| baseline | " + " | ".join(c[1] for c in cols) + " | top-1 vs full | KL vs full |",
+                  "|---|" + "---|" * len(cols) + "---:|---:|"]
+        hg = {r["gpu"]: r["hybridgen_step_ms"] for r in rs}
+        hg_bound = {r["gpu"]: r["hybridgen_bound"] for r in rs}
+        any_r = rs[0]
+        lines.append("| **HybridGen step ms** | " + " | ".join(
+            (f"{hg[c[0]]:.1f} ms" + (f" ({hg_bound[c[0]]})" if hg_bound.get(c[0]) else "")) if hg.get(c[0]) else "-"
+            for c in cols) + f" | {_num(any_r['hybridgen_top1'])} | {_num(any_r['hybridgen_kl'], '.2g')} |")
+        for base in sorted({r["baseline"] for r in rs}, key=lambda b: (b == "full", list(LABELS).index(b)
+                                                                         if b in LABELS else 99, b)):
+            by_gpu = {r["gpu"]: r for r in rs if r["baseline"] == base}
+            first = next(iter(by_gpu.values()))
+            lines.append(f"| {first['row']} | " + " | ".join(cell(by_gpu[c[0]]) if c[0] in by_gpu else "-" for c in cols)
+                         + f" | {_fid(first, 'top1', '.3f')} | {_fid(first, 'kl', '.2g')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _num(x: Any, fmt: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(float(x), fmt)
+
+
+def figure(rows: Sequence[Dict[str, Any]], path: Path) -> Path:
+    """Speedup of HybridGen over each baseline per GPU, one panel per case, the paper's band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({r["case"] for r in rows}, key=_case_order)
+    n = len(cases)
+    ncol = min(3, n)
+    fig, axes = plt.subplots((n + ncol - 1) // ncol, ncol, figsize=(6.2 * ncol, 4.2 * ((n + ncol - 1) // ncol)),
+                             squeeze=False)
+    for ax, case in zip(axes.flat, cases):
+        rs = [r for r in rows if r["case"] == case and r["baseline"] != "full"]
+        bases = sorted({r["baseline"] for r in rs}, key=lambda b: list(LABELS).index(b) if b in LABELS else 99)
+        cols = [CPU_COLUMN] if case == "emulated" else [g for g in GPUS if any(r["gpu"] == g[0] for r in rs)]
+        width = 0.8 / max(1, len(cols))
+        ax.axhspan(*PAPER_BAND, color="tab:green", alpha=0.15, label="paper: 1.41x-3.2x")
+        ax.axhline(1.0, color="k", lw=0.8)
+        for j, (gid, gname) in enumerate(cols):
+            xs, ys = [], []
+            for i, b in enumerate(bases):
+                r = next((r for r in rs if r["baseline"] == b and r["gpu"] == gid), None)
+                if r and r["speedup"]:
+                    xs.append(i + (j - (len(cols) - 1) / 2) * width)
+                    ys.append(r["speedup"])
+            hatch = "//" if case == "emulated" else None
+            ax.bar(xs, ys, width=width, label=gname, hatch=hatch)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(bases)))
+        ax.set_xticklabels([LABELS.get(b, b).replace(" (on FlexGen)", "") for b in bases], rotation=40, ha="right",
+                           fontsize=8)
+        ax.set_ylabel("HybridGen speedup (x, log)")
+        label = "emulated (CPU)" if case == "emulated" else "projected (performance model)"
+        ax.set_title(f"{_case_title(case, rs or rows)[:70]}\n[{label}]", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@cli_errors
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results-dir", default="outputs")
+    p.add_argument("--validation", default=str(_ROOT / "results" / "perfmodel" / "validation.json"))
+    args = p.parse_args(argv)
+    from hybridgen.eval.provenance import code_version
+    from hybridgen.results import write_json
+
+    vpath = Path(args.validation)
+    validation = json.loads(vpath.read_text()) if vpath.is_file() else None
+    pts = load_points(Path(args.results_dir), validation)
+    rows = speedups(pts)
+    out = Path(args.results_dir) / EXP
+    head = ("# HybridGen vs the baselines under each GPU's memory budget (`+exp=paper_speedup`)\n\n"
+            f"Made by `python experiments/paper_speedup.py --results-dir {args.results_dir}` from "
+            f"{len(pts)} runs of `python experiments/run.py +exp=paper_speedup results_dir={args.results_dir}`. "
+            "A cell: HybridGen's speedup over the baseline (baseline decode step / HybridGen's, same batch), "
+            "its label (projected ±E%: the model's largest error on the validated rows of that cost, "
+            f"{vpath.name if validation else 'no validation file'}; emulated: timed on this machine's CPUs), "
+            "and the resource bounding the baseline. does not fit: that method's KV cannot be placed in that GPU's "
+            "KV budget (memory.gpu_kv=auto). UVM rows: " + _uvm_reason() + ". "
+            "Fidelity: teacher-forced top-1 / mean KL to `full` in the emulated run (real SmolLM2-135M, 1K prompt, 32 teacher-forced steps, 20% KV budget).\n\n")
+    (out / "table.md").write_text(head + markdown(rows))
+    with (out / "table.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    figure(rows, out / "speedup.png")
+    cases = {}
+    for pt in pts:
+        cases.setdefault(pt["case"], {k: pt[k] for k in ("model", "dtype", "batch", "prompt", "gen")})
+    codes = sorted({json.dumps(pt["code"], sort_keys=True) for pt in pts})
+    write_json(out / "provenance.json", {
+        "command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "code": code_version(), "run_codes": [json.loads(c) for c in codes], "runs": len(pts), "cases": cases,
+        "validation": str(vpath) if validation else None, "paper_band": PAPER_BAND})
+    print(f"{len(rows)} cells -> {out / 'table.md'}, {out / 'table.csv'}, {out / 'speedup.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""One GPU memory budget drives every method's placement.
+
+A comparison names the GPU memory available to the KV cache (``gpu_kv``: bytes, '20GiB', or
+'auto' = the hardware's ``gpu_memory x gpu_kv_fraction`` minus the model weights) and the
+workload's shape (:class:`KVShape`); each method derives its own placement parameters from it
+(:meth:`hybridgen.methods.KVMethod.placement_for`): the gpu share of full / hybrid-exact /
+hybridgen / flexgen (``gpu_budget``), an evicting method's ``offload`` (resident when its kept
+KV fits, else streamed, else attended on the CPU), InfiniGen's (all on the host; refused when
+its partial keys do not fit). Parameters the user sets explicitly win (:func:`place`).
+
+Everything a method allocates on the gpu tier counts against the budget (KV, staging buffers,
+per-token metadata, masks), so a run whose gpu tier capacity is the budget never overflows
+(tests/test_placement.py checks the tier ledger after real runs).
+
+Shapes: ``token_bytes`` = K+V bytes of one token of one sequence in one layer (+ one mask byte
+per KV head, ``mask_bytes``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Union
+
+from hybridgen.errors import ConfigError
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The workload's KV shape: layers, KV heads, head dim, bytes per element, batch rows,
+    context (prompt + generated tokens per row) and new_tokens (the generated part)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    batch: int
+    context: int
+    new_tokens: int = 0
+
+    def __post_init__(self):
+        for f in ("layers", "kv_heads", "head_dim", "dtype_bytes", "batch", "context"):
+            if int(getattr(self, f)) <= 0:
+                raise ConfigError(f"KV shape: {f} must be positive, got {getattr(self, f)!r}")
+        if not 0 <= self.new_tokens < self.context:
+            raise ConfigError(f"KV shape: new_tokens must be in [0, context), got {self.new_tokens!r}")
+
+    @property
+    def prompt(self) -> int:
+        """Prompt tokens per row."""
+        return self.context - self.new_tokens
+
+    @property
+    def token_bytes(self) -> int:
+        """K+V bytes of one token of one sequence in one layer."""
+        return 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def mask_bytes(self) -> int:
+        """Validity-mask bytes of one token of one sequence in one layer (one bool per KV head)."""
+        return self.kv_heads
+
+    @property
+    def full_bytes(self) -> int:
+        """The whole KV cache of the workload (every layer, row and token, with masks)."""
+        return self.layers * self.batch * self.context * (self.token_bytes + self.mask_bytes)
+
+    def tokens_in(self, nbytes: float, layers: Optional[int] = None, per_token_extra: int = 0) -> int:
+        """Tokens per sequence per layer that ``nbytes`` holds over ``layers`` layers (default all)."""
+        per = (layers or self.layers) * self.batch * (self.token_bytes + self.mask_bytes + per_token_extra)
+        return max(0, int(nbytes // per))
+
+    @classmethod
+    def of_model(cls, model: Any, batch: int, prompt_len: int, gen_len: int, dtype: str = "bf16") -> "KVShape":
+        """From a shipped model name, a ``hybridgen.perf.ModelShape`` or an engine ModelSpec."""
+        from hybridgen.perf.shapes import as_model_shape  # lazy: perf imports methods lazily too
+
+        s = as_model_shape(model)
+        if dtype not in DTYPE_BYTES:
+            raise ConfigError(f"unknown KV dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")
+        return cls(s.num_layers, s.num_kv_heads, s.head_dim, DTYPE_BYTES[dtype], int(batch),
+                   int(prompt_len) + int(gen_len), int(gen_len))
+
+
+def gpu_kv_bytes(gpu_kv: Union[None, int, float, str], hardware: Optional[Mapping[str, Any]] = None,
+                 weights_bytes: int = 0) -> int:
+    """The GPU bytes available to the KV cache: ``gpu_kv`` as a size ('20GiB', bytes), or
+    'auto': ``hardware['gpu_memory'] x hardware['gpu_kv_fraction']`` minus ``weights_bytes``
+    (the rest of the fraction is the engine's workspace). Refuses 0, negative, malformed sizes
+    and an 'auto' budget the weights leave nothing of, in one line."""
+    from hybridgen.kv.tiers import parse_bytes
+
+    if isinstance(gpu_kv, str) and gpu_kv.strip().lower() == "auto":
+        hw = dict(hardware or {})
+        mem = parse_bytes(hw.get("gpu_memory"))
+        if mem is None:
+            raise ConfigError(f"memory.gpu_kv=auto needs hardware.gpu_memory (hardware {hw.get('name', '?')!r} "
+                              f"has none); set memory.gpu_kv to a size such as 20GiB")
+        frac = float(hw.get("gpu_kv_fraction", 0.9))
+        out = int(mem * frac) - int(weights_bytes)
+        if out <= 0:
+            raise ConfigError(f"memory.gpu_kv=auto: the weights ({weights_bytes / 2**30:.2f} GiB) leave no KV "
+                              f"space in {mem * frac / 2**30:.2f} GiB of GPU memory")
+        return out
+    if gpu_kv is None or isinstance(gpu_kv, bool):
+        raise ConfigError(f"memory.gpu_kv expects a size such as '20GiB' or 'auto', got {gpu_kv!r}")
+    try:
+        n = parse_bytes(gpu_kv)
+    except ConfigError as err:
+        raise ConfigError(f"memory.gpu_kv: {err}") from None
+    if n is None or n <= 0:
+        raise ConfigError(f"memory.gpu_kv must be a positive size such as '20GiB' or 'auto', got {gpu_kv!r}")
+    return n
+
+
+def gpu_share(gpu_kv: int, shape: KVShape, per_layer_spare: int = 0, staging_layers: int = 0,
+              stage_host: bool = False) -> int:
+    """Tokens per sequence per layer a gpu share may hold: L layers of (tokens + per_layer_spare)
+    plus ``staging_layers`` layer-sized staging slots of the host part (``stage_host``) fit."""
+    L, T, X = shape.layers, shape.context, shape.batch * (shape.token_bytes + shape.mask_bytes)
+    if stage_host and staging_layers:
+        # L*(n + spare)*X + staging_layers*(T - n)*X <= G  ->  n <= (G/X - L*spare - s*T) / (L - s)
+        if L <= staging_layers:
+            return T if L * (T + per_layer_spare) * X <= gpu_kv else 0
+        n = (gpu_kv / X - L * per_layer_spare - staging_layers * T) / (L - staging_layers)
+    else:
+        n = gpu_kv / (L * X) - per_layer_spare
+    return max(0, min(T, int(n)))
+
+
+def as_budget(tokens: int) -> Union[float, str]:
+    """A gpu share in tokens as a budget value: 0.0 (nothing on the GPU) or 'Nt'."""
+    return 0.0 if tokens <= 0 else f"{int(tokens)}t"
+
+
+def place(method: Any, gpu_kv: int, shape: KVShape, explicit: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The parameters of ``method`` (a registry name) under a GPU KV budget of ``gpu_kv`` bytes:
+    its own derived placement (:meth:`KVMethod.placement_for`) with the ``explicit`` parameters
+    on top (they win). A method without a placement, or that cannot fit, fails in one line."""
+    from hybridgen.methods.registry import build_method
+
+    explicit = dict(explicit or {})
+    m = build_method(method, **explicit)
+    derived = m.placement_for(int(gpu_kv), shape)
+    if derived is None:
+        raise ConfigError(f"method {method!r} cannot derive its placement from memory.gpu_kv (it has no "
+                          f"placement_for); unset memory.gpu_kv or give its placement parameters")
+    return {**derived, **explicit}
+
+
+def choose_offload(method: str, gpu_kv: int, resident: float, streamed: float) -> Dict[str, Any]:
+    """An evicting method's tier: resident when its kept KV (+ metadata) fits (``resident``
+    bytes), else streamed when its gpu share in 'stream' mode fits (``streamed`` bytes), else
+    the step on the CPU (nothing on the GPU)."""
+    if resident <= gpu_kv:
+        return {"offload": "none"}
+    if streamed <= gpu_kv:
+        return {"offload": "stream"}
+    return {"offload": "cpu"}
+
+
+def refuse(method: str, need: float, gpu_kv: int, what: str) -> ConfigError:
+    """The one-line error of a method that cannot fit the budget."""
+    from hybridgen.kv.tiers import _fmt
+
+    return ConfigError(f"method {method!r} needs {_fmt(int(need))} of GPU memory for {what}, "
+                       f"memory.gpu_kv gives {_fmt(int(gpu_kv))}; raise memory.gpu_kv or lower the workload")
+
+
+def derive_params(method: str, explicit: Mapping[str, Any], gpu_kv: Union[int, str], hardware: Mapping[str, Any],
+                  model: Mapping[str, Any], workload: Mapping[str, Any]) -> Dict[str, Any]:
+    """An experiment point's method parameters under ``memory.gpu_kv`` (before any model loads).
+
+    hardware / model / workload: the run config's nodes (model: name, dtype, num_layers;
+    workload: batch, prompt_len, gen_len). 'auto' subtracts the model's weights (from its
+    shipped config) from gpu_memory x gpu_kv_fraction. Explicit ``method.params`` win.
+    """
+    g, shape = budget_and_shape(gpu_kv, hardware, model, workload)
+    return place(method, g, shape, explicit)
+
+
+def budget_and_shape(gpu_kv: Union[int, str], hardware: Mapping[str, Any], model: Mapping[str, Any],
+                     workload: Mapping[str, Any]):
+    """(GPU KV bytes, KVShape) of a run config's nodes (see :func:`derive_params`)."""
+    from hybridgen.perf.shapes import ModelShape
+
+    dtype = str(model.get("dtype", "float32"))
+    b = DTYPE_BYTES.get(dtype)
+    if b is None:
+        raise ConfigError(f"unknown model dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")
+    ms = ModelShape.named(str(model.get("name")), weight_bytes=b)
+    layers = int(model.get("num_layers") or ms.num_layers)
+    weights = layers * ms.layer_params * b + 2 * ms.vocab_size * ms.hidden_size * b
+    g = gpu_kv_bytes(gpu_kv, hardware, weights)
+    shape = KVShape(layers, ms.num_kv_heads, ms.head_dim, b, int(workload.get("batch", 1)),
+                    int(workload.get("prompt_len")) + int(workload.get("gen_len")), int(workload.get("gen_len")))
+    return g, shape
