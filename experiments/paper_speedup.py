@@ -136,6 +136,8 @@ def load_points(root: Path, validation: Optional[Dict[str, Any]] = None) -> List
     # a derived placement equal to an offloaded preset's is one run (same identity): show it in both rows
     have = {(p["case"], p["gpu"], p["preset"]) for p in pts}
     for p in list(pts):
+        if str(p["preset"]).endswith("-offload"):
+            continue
         twin = f"{p['preset']}-offload"
         if json.loads(p["params"]).get("offload") == "stream" and (p["case"], p["gpu"], twin) not in have:
             pts.append({**p, "preset": twin})
