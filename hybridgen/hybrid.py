@@ -40,6 +40,7 @@ from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.mapping import parse_mapping
 from hybridgen.kv.transfer import DeviceToHost, HostToDevice, wait_host
 from hybridgen.methods import Budget, Fraction, KVMethod, MethodContext, NonNegInt, PositiveInt, Range
+from hybridgen.methods.placement import KVShape, as_budget, gpu_share
 from hybridgen.ring_window import RingWindow
 from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
 from hybridgen.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
@@ -424,25 +425,13 @@ class HybridGen(KVMethod):
         if moved:
             self.count("bytes_d2h", moved)
 
-    # ------------------------------------------------------------------ reporting
-    def cosine_by_layer(self) -> Dict[int, float]:
-        """Mean cosine similarity of stand-in vs true query per speculated layer."""
-        return self.quality.by_layer()
-
     # ------------------------------------------------------------------ performance model
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """The GPU window (tokens per layer, + the ring's spare slot) that fits the budget after
-        two layers of shipped rows (at topk_ratio, or the scheduler's max_ratio, of the context;
-        K+V row bytes as the bound); half of it when the split adapts or three-way streaming
-        stages prefixes on the GPU."""
-        import math
-
-        from hybridgen.methods.placement import as_budget, gpu_share
-
+        """The GPU window that fits the budget after two layers of shipped rows (topk_ratio, or the
+        scheduler's max_ratio, of the context); half of it when the split adapts or streams."""
         ratio = self.topk_ratio if self.topk_ratio is not None else SchedulerConfig().max_ratio
-        shipped = 2 * shape.batch * math.ceil(ratio * shape.context) * shape.token_bytes
-        room = max(0, gpu_kv_bytes - shipped)
-        room = room // 2 if (self.adapt_split or self.three_way) else room
+        room = gpu_kv_bytes - 2 * shape.batch * math.ceil(ratio * shape.context) * shape.token_bytes
+        room = max(0, room) // (2 if (self.adapt_split or self.three_way) else 1)
         return {"gpu_budget": as_budget(gpu_share(room, shape, per_layer_spare=1))}
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":

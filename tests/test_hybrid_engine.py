@@ -26,7 +26,7 @@ def test_engine_topk_one_equals_full(engine, pipeline, per_head):
     if pipeline:
         assert m.stats["speculative_scans"] == 11 * 2  # layers 1 and 2 at each of 11 decode steps
         assert m.stats["exact_logit_recomputes"] >= 11 * 2
-        cos = m.cosine_by_layer()
+        cos = m.quality.by_layer()
         assert set(cos) == {1, 2} and all(-1.0 <= c <= 1.0 for c in cos.values())
         assert 0 not in cos  # layer 0 is not speculated
     else:

@@ -481,6 +481,26 @@ HG_API void hg_scan_f32(const float *q, const float *k, int64_t cap, float *out,
     }
 }
 
+/* int32 sketch dot products accb [t1 - t0][G] -> logits ob[g * T + t] of one (bh, job):
+ * (acc - 8 * qsum[g]) * qscale[g] * kscale[(t + t_off) / sblock] * scale (qsum NULL: int8
+ * codes, no nibble offset; the int4 nibbles are stored + 8). */
+static void scale_sketch_logits(const int32_t *accb, const int32_t *qsum, const float *qscale, const float *kscale,
+                                int64_t sblock, int64_t t_off, float scale, float *ob, int64_t T, int64_t G,
+                                int64_t t0, int64_t t1) {
+    int64_t blk_end = -1;
+    float ks = 0.f;
+    for (int64_t t = t0; t < t1; t++) {
+        if (t + t_off >= blk_end) {
+            int64_t blk = (t + t_off) / sblock;
+            blk_end = (blk + 1) * sblock;
+            ks = kscale[blk] * scale;
+        }
+        const int32_t *a = accb + (t - t0) * G;
+        for (int64_t g = 0; g < G; g++)
+            ob[g * T + t] = (float)(a[g] - (qsum ? 8 * qsum[g] : 0)) * (qscale[g] * ks);
+    }
+}
+
 HG_API void hg_scan_i8(const int16_t *q, const float *qscale, const int8_t *k, const float *kscale, int64_t nsb,
                        int64_t sblock, int64_t t_off, int64_t cap, float *out, float scale, int64_t T, int64_t D,
                        int64_t G, int64_t block, float *stats, int64_t j0, int64_t j1) {
@@ -496,14 +516,7 @@ HG_API void hg_scan_i8(const int16_t *q, const float *qscale, const int8_t *k, c
             int64_t nw = ((t1 - t0) / nt) * nt;
             i8_wide[G](qb, k + (bh * cap + t0 + t_off) * D, D, nw, accb);
             for (int64_t t = t0 + nw; t < t1; t++) i8_one[G](qb, k + (bh * cap + t + t_off) * D, D, 1, accb + (t - t0) * G);
-            int64_t blk = -1, blk_end = -1;
-            float ks = 0.f;
-            for (int64_t t = t0; t < t1; t++) {
-                if (t + t_off >= blk_end) { blk = (t + t_off) / sblock; blk_end = (blk + 1) * sblock; ks = kscale[bh * nsb + blk] * scale; }
-                const int32_t *a = accb + (t - t0) * G;
-                for (int64_t g = 0; g < G; g++)
-                    ob[g * T + t] = (float)(a[g]) * (qscale[bh * G + g] * ks);
-            }
+            scale_sketch_logits(accb, NULL, qscale + bh * G, kscale + bh * nsb, sblock, t_off, scale, ob, T, G, t0, t1);
             STATS_AFTER_JOB(job);
         }
         free(accb);
@@ -532,14 +545,7 @@ HG_API void hg_scan_i4(const int8_t *q, const float *qscale, const int32_t *qsum
             int64_t nw = ((t1 - t0) / nt) * nt;
             i4_wide[G](qb, k + (bh * cap + t0 + t_off) * H, D, nw, accb);
             for (int64_t t = t0 + nw; t < t1; t++) i4_one[G](qb, k + (bh * cap + t + t_off) * H, D, 1, accb + (t - t0) * G);
-            int64_t blk = -1, blk_end = -1;
-            float ks = 0.f;
-            for (int64_t t = t0; t < t1; t++) {
-                if (t + t_off >= blk_end) { blk = (t + t_off) / sblock; blk_end = (blk + 1) * sblock; ks = kscale[bh * nsb + blk] * scale; }
-                const int32_t *a = accb + (t - t0) * G;
-                for (int64_t g = 0; g < G; g++)
-                    ob[g * T + t] = (float)(a[g] - 8 * qsum[bh * G + g]) * (qscale[bh * G + g] * ks);
-            }
+            scale_sketch_logits(accb, qsum + bh * G, qscale + bh * G, kscale + bh * nsb, sblock, t_off, scale, ob, T, G, t0, t1);
             STATS_AFTER_JOB(job);
         }
         free(accb);

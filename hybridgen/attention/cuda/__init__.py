@@ -13,18 +13,11 @@ Import the dispatchers from here (they live in :mod:`.dispatch`); one job per mo
 * :mod:`.dispatch`: ``partial_attention``, ``softmax_over_parts``, ``hybrid_decode_attention``
   (CuPy on CUDA, torch otherwise) and ``backend``.
 """
-from hybridgen.attention.cuda.dispatch import (
-    KernelUnsupported,
-    backend,
-    cupy_hybrid_decode_attention,
-    cupy_partial_attention,
-    cupy_softmax_over_parts,
-    dispatch_counts,
-    hybrid_decode_attention,
-    kernels_available,
-    partial_attention,
-    softmax_over_parts,
-)
+from hybridgen.attention.cuda.dispatch import backend, hybrid_decode_attention, partial_attention, softmax_over_parts
+from hybridgen.attention.cuda.execution import (cupy_hybrid_decode_attention, cupy_partial_attention,
+                                                cupy_softmax_over_parts)
+from hybridgen.attention.cuda.planning import KernelUnsupported
+from hybridgen.attention.cuda.state import dispatch_counts, kernels_available
 
 __all__ = [
     "KernelUnsupported",

@@ -32,19 +32,6 @@ from hybridgen.attention.cuda.execution import (
 from hybridgen.attention.cuda.planning import KernelUnsupported
 from hybridgen.attention.cuda.state import dispatch_counts, kernels_available
 
-__all__ = [
-    "KernelUnsupported",
-    "backend",
-    "cupy_hybrid_decode_attention",
-    "cupy_partial_attention",
-    "cupy_softmax_over_parts",
-    "dispatch_counts",
-    "hybrid_decode_attention",
-    "kernels_available",
-    "partial_attention",
-    "softmax_over_parts",
-]
-
 
 def _on_cuda(*tensors: Optional[Tensor]) -> bool:
     return all(t is None or t.is_cuda for t in tensors)
