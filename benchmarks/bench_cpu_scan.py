@@ -15,10 +15,12 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
 - exact bf16 scans (every query head of a group against one read of each key): the C
   kernel (``native``), numba, torch's bf16 matmul; GB/s of key bytes and ratio to read;
 - key-sketch scans (int8, int4): tokens/s (a token = one (batch, KV head) key row) against
-  ``bf16_limit_tokens_per_s``, the tokens/s a bf16 scan would reach at 100% of ``read``;
+  ``bf16_limit_tokens_per_s``, the tokens/s a bf16 scan would reach at 100% of ``read``; on
+  an AVX-512 (VNNI) CPU also at the AVX2 level (rows ``... avx2``), side by side;
 - the whole CPU branch (:func:`hybridgen.host_branch.host_branch`: scan, selection, exact
-  recompute after a sketch scan, V-row gather) per scan kind, as GB/s of *bf16 key bytes*
-  (the branch's work, whatever it reads) and its split by stage;
+  recompute (and re-rank of ``--oversample`` x k candidates) after a sketch scan, V-row
+  gather) per scan kind, as GB/s of *bf16 key bytes* (the branch's work, whatever it reads)
+  and its split by stage;
 - recall of the exact top-k by each sketch's selection (random keys, and "real-like" keys:
   a few large channels and a set of tokens aligned with the query, as in LLM caches).
 Targets (issue 10): scan >= 0.8 x read, branch >= 0.6 x read, sketch >= 1.5 x bf16 limit.
@@ -48,6 +50,7 @@ from hybridgen.attention import native  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
 from hybridgen.host_branch import host_branch, topk_count  # noqa: E402
+from hybridgen.hybrid import HybridGen  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 
 TARGETS = {"scan_over_read": 0.8, "branch_over_read": 0.6, "sketch_over_bf16_limit": 1.5}
@@ -85,14 +88,14 @@ def real_like_keys(B: int, H: int, T: int, D: int, q: torch.Tensor, gen: torch.G
     return k
 
 
-def recall(q: torch.Tensor, keys: torch.Tensor, kind: str, k: int, store: TieredStore) -> float:
+def recall(q: torch.Tensor, keys: torch.Tensor, kind: str, k: int, store: TieredStore, oversample: float) -> float:
     """Share of the exact top-k (shared selection, max group score) that the sketch's selection keeps."""
     B, H, T, D = keys.shape
     sk = KeySketch(store["dram"], kind, B, H, D, T, "bench/recall")
     sk.sync(keys)
     scale = D ** -0.5
     ex = host_branch(q, keys, keys, scale, k, per_head=False, backend="auto")
-    sel = host_branch(q, keys, keys, scale, k, per_head=False, sketch=sk)
+    sel = host_branch(q, keys, keys, scale, k, per_head=False, sketch=sk, oversample=oversample)
     sk.release()
     hits = 0
     for b in range(B):
@@ -114,16 +117,23 @@ def run(args, threads: int, data: dict) -> dict:
     qg16 = q.view(B, H, G, D).to(torch.bfloat16)
     fns: Dict[str, Callable[[int], object]] = {"read": lambda i: reads[i].sum()}
     out = torch.zeros(B * H * G * T)  # preallocated logits (as the branch's scratch): no page faults timed
+    v_out = torch.zeros(B * H * k_sel * D, dtype=torch.bfloat16)  # the V rows' staging buffer (HybridGen's packer)
     fns["scan native bf16"] = lambda i: cs.scan_logits(q, keys[i], scale, None, "native", out=out, pool=pool)
     if cs.numba_available():
         fns["scan numba bf16"] = lambda i: cs.scan_logits(q, keys[i], scale, None, "numba", out=out, pool=pool)
     fns["scan torch bf16"] = lambda i: torch.matmul(qg16, keys[i].transpose(-1, -2))
     for kind in args.sketches:
         fns[f"sketch {kind}"] = (lambda kd: lambda i: sketches[kd][i].scan(q, scale, 0, T, out=out, pool=pool))(kind)
-    fns["branch exact"] = lambda i: host_branch(q, keys[i], vals, scale, k_sel, False, backend="native", pool=pool)
+    if native.isa() > 1:  # the same kernels one level down, side by side
+        for kind in args.sketches:
+            fns[f"sketch {kind} avx2"] = (lambda kd: lambda i: at_level(1, sketches[kd][i].scan, q, scale, 0, T,
+                                                                        out=out, pool=pool))(kind)
+    fns["branch exact"] = lambda i: host_branch(q, keys[i], vals, scale, k_sel, False, backend="native", pool=pool,
+                                                v_out=v_out)
     for kind in args.sketches:
         fns[f"branch {kind}"] = (lambda kd: lambda i: host_branch(q, keys[i], vals, scale, k_sel, False,
-                                                                  sketch=sketches[kd][i], pool=pool))(kind)
+                                                                  sketch=sketches[kd][i], pool=pool, v_out=v_out,
+                                                                  oversample=args.oversample))(kind)
     load0 = os.getloadavg()
     secs = rounds(fns, args.reps, args.copies)
     res: dict = {"threads": threads, "loadavg_before": list(load0), "loadavg_after": list(os.getloadavg())}
@@ -139,7 +149,7 @@ def run(args, threads: int, data: dict) -> dict:
     best_scan = max(scans, key=lambda n: scans[n]["gbps"])
     branches = {n: r for n, r in rows.items() if n.startswith("branch")}
     best_branch = max(branches, key=lambda n: branches[n]["gbps"])
-    sk_rows = {n: r for n, r in rows.items() if n.startswith("sketch")}
+    sk_rows = {n: r for n, r in rows.items() if n.startswith("sketch") and not n.endswith("avx2")}
     best_sketch = max(sk_rows, key=lambda n: sk_rows[n]["tokens_per_s"]) if sk_rows else None
     limit = read * 1e9 / (D * 2)
     # stage split of each branch kind (one more call each, medians of the stages over reps)
@@ -149,8 +159,8 @@ def run(args, threads: int, data: dict) -> dict:
         parts = {"scan_ms": [], "select_ms": [], "recompute_ms": [], "gather_ms": []}
         for r in range(args.reps):
             i = r % args.copies
-            sel = host_branch(q, keys[i], vals, scale, k_sel, False, backend="native", pool=pool,
-                              sketch=None if kind == "exact" else sketches[kind][i])
+            sel = host_branch(q, keys[i], vals, scale, k_sel, False, backend="native", pool=pool, v_out=v_out,
+                              sketch=None if kind == "exact" else sketches[kind][i], oversample=args.oversample)
             for part, v in (("scan_ms", sel.scan_s), ("select_ms", sel.topk_s), ("recompute_ms", sel.recompute_s),
                             ("gather_ms", sel.gather_s)):
                 parts[part].append(v * 1e3)
@@ -171,6 +181,16 @@ def run(args, threads: int, data: dict) -> dict:
     res["targets_met"] = {n: (v is not None and v >= TARGETS[n]) for n, v in ratios.items()}
     pool.shutdown()
     return res
+
+
+def at_level(level: int, fn: Callable, *args, **kwargs):
+    """fn(*args, **kwargs) with the C kernels capped at instruction-set ``level``."""
+    top = native.isa()
+    native.set_isa_limit(level)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        native.set_isa_limit(top)
 
 
 def print_run(res: dict, read: float, limit: float) -> None:
@@ -206,6 +226,8 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=2, help="copies of the data, cycled (cold data)")
     ap.add_argument("--threads", type=str, default=None, help="comma-separated thread counts (default: 1,all)")
     ap.add_argument("--sketches", type=str, default="int8,int4")
+    ap.add_argument("--oversample", type=float, default=HybridGen.__dataclass_fields__["sketch_oversample"].default,
+                    help="sketch candidates per selected token, re-ranked exactly (default: hybridgen's)")
     args = ap.parse_args(argv)
     if args.quick:
         args.reps = 5
@@ -236,7 +258,7 @@ def main(argv=None) -> int:
     setup_s = time.perf_counter() - t_start
     print(f"# CPU branch benchmark: B={B} Hkv={H} G={G} D={D} host tokens={T} (bf16 keys "
           f"{B * H * T * D * 2 / 1e6:.0f} MB per copy x {args.copies} copies), top-k {args.topk_ratio:.0%}; "
-          f"C kernels: {'AVX2' if native.has_avx2() else ('portable' if native.available() else native.build_error)}; "
+          f"C kernels: {native.ISA_NAMES[native.isa()] if native.available() else native.build_error}; "
           f"numba: {'yes' if cs.numba_available() else 'no'}; setup {setup_s:.0f} s")
     data = {"q": q, "keys": keys, "vals": vals, "reads": reads, "sketches": sketches}
     runs = {}
@@ -248,11 +270,12 @@ def main(argv=None) -> int:
     rec_T = min(T, 8192)
     rec = {}
     rk = topk_count(args.topk_ratio, rec_T)
+    rl = real_like_keys(B, H, rec_T, D, q, gen).to(torch.bfloat16)
     for kind in args.sketches:
-        rec[f"{kind}_random"] = recall(q, keys[0][:, :, :rec_T].contiguous(), kind, rk, store)
-        rl = real_like_keys(B, H, rec_T, D, q, gen).to(torch.bfloat16)
-        rec[f"{kind}_real_like"] = recall(q, rl, kind, rk, store)
-    print(f"\nrecall of the exact top-{rk} of {rec_T} tokens by the sketch's selection: "
+        for o in sorted({1.0, args.oversample}):
+            rec[f"{kind}@{o:g}_random"] = recall(q, keys[0][:, :, :rec_T].contiguous(), kind, rk, store, o)
+            rec[f"{kind}@{o:g}_real_like"] = recall(q, rl, kind, rk, store, o)
+    print(f"\nrecall of the exact top-{rk} of {rec_T} tokens by the sketch's selection (kind@oversample): "
           + ", ".join(f"{k} {v:.3f}" for k, v in rec.items()))
     top = runs[str(max(threads))]
     out = {k: top[k] for k in ("read_gbps", "scan_gbps", "branch_gbps", "sketch_tokens_per_s",
@@ -262,7 +285,9 @@ def main(argv=None) -> int:
                           "dtype": "bfloat16"},
                 "reps": args.reps, "copies": args.copies, "cold_bytes_per_copy": B * H * T * D * 2,
                 "recall": recall_note(rec, rk, rec_T), "by_threads": runs,
-                "machine": {"cpus": os.cpu_count(), "avx2": native.has_avx2(), "torch": torch.__version__},
+                "oversample": args.oversample,
+                "machine": {"cpus": os.cpu_count(), "cpu_isa": native.ISA_NAMES[native.isa()],
+                            "torch": torch.__version__},
                 "elapsed_s": time.perf_counter() - t_start})
     print(f"elapsed {out['elapsed_s']:.0f} s")
     if args.json:

@@ -7,9 +7,11 @@ layer, the queries of the last ``--queries`` prompt positions act as decode quer
 the keys before them (the host share of a decode step). For each query position the CPU
 branch's selection (:func:`hybridgen.host_branch.host_branch`, shared per KV head, max group
 score, ``--topk-ratio`` of the tokens) is made twice, from the exact keys and from each
-sketch (:class:`hybridgen.attention.key_sketch.KeySketch`); recall = |sketch ∩ exact| / k,
-averaged over layers, positions, batch and KV heads (per layer in the JSON). Only the
-SELECTION is compared: the selected rows' logits are recomputed exactly either way.
+sketch (:class:`hybridgen.attention.key_sketch.KeySketch`) at each ``--oversample`` (the
+sketch proposes ceil(o * k) candidates, re-ranked by their exact logits: HybridGen's
+``sketch_oversample``); recall = |sketch ∩ exact| / k, averaged over layers, positions,
+batch and KV heads (per layer in the JSON; key ``<kind>@<o>``). Only the SELECTION is
+compared: the selected rows' logits are recomputed exactly either way.
 """
 from __future__ import annotations
 
@@ -47,13 +49,13 @@ class CapturingFull(Full):
 
 
 def layer_recall(q: torch.Tensor, k: torch.Tensor, n_queries: int, ratio: float, store: TieredStore,
-                 scale: float) -> Dict[str, float]:
-    """Mean recall per sketch kind over the last ``n_queries`` positions of one layer."""
+                 scale: float, oversample: List[float]) -> Dict[str, float]:
+    """Mean recall per (sketch kind, oversampling) over the last ``n_queries`` positions of one layer."""
     B, Hkv, T, D = k.shape
     hosts = T - n_queries
     keys = k[:, :, :hosts].to(torch.bfloat16).contiguous()
     kk = topk_count(ratio, hosts)
-    out: Dict[str, List[float]] = {kind: [] for kind in SKETCH_KINDS}
+    out: Dict[str, List[float]] = {f"{kind}@{o:g}": [] for kind in SKETCH_KINDS for o in oversample}
     sketches = {}
     for kind in SKETCH_KINDS:
         sk = KeySketch(store["dram"], kind, B, Hkv, D, hosts, f"recall/{kind}")
@@ -63,12 +65,13 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, n_queries: int, ratio: float,
         qq = q[:, :, pos].contiguous()
         exact = host_branch(qq, keys, keys, scale, kk, per_head=False, backend="auto").idx
         for kind, sk in sketches.items():
-            sel = host_branch(qq, keys, keys, scale, kk, per_head=False, sketch=sk).idx
-            hits = (exact.unsqueeze(-1) == sel.unsqueeze(-2)).any(-1).float().mean().item()
-            out[kind].append(hits)
+            for o in oversample:
+                sel = host_branch(qq, keys, keys, scale, kk, per_head=False, sketch=sk, oversample=o).idx
+                hits = (exact.unsqueeze(-1) == sel.unsqueeze(-2)).any(-1).float().mean().item()
+                out[f"{kind}@{o:g}"].append(hits)
     for sk in sketches.values():
         sk.release()
-    return {kind: statistics.mean(v) for kind, v in out.items()}
+    return {key: statistics.mean(v) for key, v in out.items()}
 
 
 @cli_errors
@@ -79,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", type=int, default=8, help="last prompt positions used as decode queries")
     ap.add_argument("--topk-ratio", type=float, default=0.05, help="selected share of the host tokens "
                     "(hybridgen's scheduler starts at 0.05)")
+    ap.add_argument("--oversample", default="1,1.25,1.5", help="comma-separated sketch_oversample values")
     ap.add_argument("--source", default="pydoc")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -86,8 +90,9 @@ def main(argv=None) -> int:
     from hybridgen.model import load_model
 
     engine = load_model(args.model, dtype="float32")
+    oversample = [float(o) for o in args.oversample.split(",")]
     res = {"model": args.model, "source": args.source, "queries": args.queries, "topk_ratio": args.topk_ratio,
-           "by_ctx": {}}
+           "oversample": oversample, "by_ctx": {}}
     for ctx in [int(c) for c in args.ctx.split(",")]:
         ids = prompt_ids(engine.tokenizer, engine.spec.vocab_size, args.source, 1, ctx, 0)
         method = CapturingFull()
@@ -97,14 +102,15 @@ def main(argv=None) -> int:
         per_layer = {}
         for layer in sorted(method.captured):
             q, k = method.captured[layer]
-            per_layer[layer] = layer_recall(q, k, args.queries, args.topk_ratio, store, scale)
+            per_layer[layer] = layer_recall(q, k, args.queries, args.topk_ratio, store, scale, oversample)
         engine.release()
-        mean = {kind: statistics.mean(r[kind] for r in per_layer.values()) for kind in SKETCH_KINDS}
-        worst = {kind: min(r[kind] for r in per_layer.values()) for kind in SKETCH_KINDS}
+        keys = list(next(iter(per_layer.values())))
+        mean = {key: statistics.mean(r[key] for r in per_layer.values()) for key in keys}
+        worst = {key: min(r[key] for r in per_layer.values()) for key in keys}
         res["by_ctx"][str(ctx)] = {"mean": mean, "worst_layer": worst, "per_layer": per_layer,
                                    "topk": topk_count(args.topk_ratio, ctx - args.queries)}
         print(f"ctx {ctx}: top-{res['by_ctx'][str(ctx)]['topk']} recall " + ", ".join(
-            f"{kind} mean {mean[kind]:.3f} (worst layer {worst[kind]:.3f})" for kind in SKETCH_KINDS), flush=True)
+            f"{key} mean {mean[key]:.3f} (worst layer {worst[key]:.3f})" for key in keys), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=1))

@@ -14,7 +14,10 @@ int8/int4 codes (fewer bytes per key); (2) selection:
 logits in one pass per row); (3) with a sketch, the selected rows' logits are recomputed
 exactly from the full-precision keys (:func:`~hybridgen.attention.cpu_scan.exact_logits_at`,
 read in place; fusing it with the V gather measured slower: 37 vs 33 ms at batch 8 x 32K);
-(4) gather of the V rows (into ``v_out``, e.g. a pinned staging buffer).
+with ``oversample`` > 1 the sketch proposes ceil(oversample * k) candidates and the k with
+the best exact group score are kept (:func:`rerank`: the same score as the selection, the
+group's heads normalised by the sketch's logsumexp; ties to the lower token); (4) gather of
+the V rows (into ``v_out``, e.g. a pinned staging buffer).
 The scan's [B, Hq, T] logits go to a per-thread scratch buffer reused across calls (no
 fresh 30+ MB allocation, and its page faults, per layer).
 """
@@ -24,13 +27,15 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from hybridgen.attention.cpu_pool import CPUAttentionPool
-from hybridgen.attention.cpu_scan import NEG_INF, exact_logits_at, gather_mask, gather_rows, scan_logits_stats, select
+from hybridgen.attention import native
+from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
+from hybridgen.attention.cpu_scan import (NEG_INF, SELECT_HOW, exact_logits_at, gather_mask, gather_rows,
+                                          group_scores, scan_logits_stats, select)
 from hybridgen.attention.key_sketch import KeySketch
 
 
@@ -75,7 +80,7 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
                 mask: Optional[Tensor] = None, keep_keys: bool = False, backend: str = "auto",
                 topk_backend: str = "auto", group_score: str = "max",
                 v_out: Optional[Tensor] = None, pool: Optional[CPUAttentionPool] = None,
-                sketch: Optional[KeySketch] = None, sketch_offset: int = 0) -> HostSelection:
+                sketch: Optional[KeySketch] = None, sketch_offset: int = 0, oversample: float = 1.0) -> HostSelection:
     """Scan + top-k + gather over one layer's host KV.
 
     q [B, Hq, D] or [B, Hq, 1, D] (CPU); keys/values [B, Hkv, T, D]; k tokens per
@@ -84,7 +89,8 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     pool: whose threads run the kernels' slices (default: the default pool).
     sketch: scan this (already synced) key sketch for the selection instead of ``keys``;
     ``keys`` are token ``sketch_offset`` onwards of the sketch's segment. The returned logits
-    are then recomputed exactly from ``keys`` (``exact`` True).
+    are then recomputed exactly from ``keys`` (``exact`` True); oversample (>= 1): the sketch
+    proposes ceil(oversample * k) candidates, re-ranked by their exact logits.
     """
     if q.dim() == 4:
         q = q[:, :, 0]
@@ -103,21 +109,107 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     else:
         logits, exact, stats = scan_logits_stats(q, keys, scale, mask, backend, out=buf, pool=pool)
     t1 = time.perf_counter()
-    idx, sel_logits = select(logits, Hkv, k, per_head, group_score, topk_backend, pool=pool,
-                             stats=stats)  # [B, Hsel, k]
+    kc = min(T, math.ceil(oversample * k - 1e-9)) if sketch is not None else k
+    idx, sel_logits = select(logits, Hkv, kc, per_head, group_score, topk_backend, pool=pool,
+                             stats=stats)  # [B, Hsel, kc]
     t2 = time.perf_counter()
     if sketch is not None:
-        sel_logits = exact_logits_at(q, keys, idx, scale, pool=pool)
+        sketch_logits = sel_logits
+        sel_logits = masked_heads(exact_logits_at(q, keys, idx, scale, pool=pool), gather_mask(mask, idx))
+        if kc > k:
+            lse = head_lse(logits, stats, Hkv) if not per_head and group_score == "max" else None
+            idx, sel_logits = rerank(sel_logits, idx, k, group_score, lse, sketch_logits, pool=pool)
     t3 = time.perf_counter()
     v_rows = gather_rows(values, idx, out=v_out, pool=pool)
     k_rows = gather_rows(keys, idx, pool=pool) if keep_keys else None
     sel_mask = gather_mask(mask, idx)
-    if sketch is not None and sel_mask is not None:
-        m = sel_mask if sel_mask.shape[1] == Hq else sel_mask.repeat_interleave(Hq // sel_mask.shape[1], dim=1)
-        sel_logits = sel_logits.masked_fill(~m, NEG_INF)
     t4 = time.perf_counter()
     return HostSelection(idx, sel_logits, v_rows, k_rows, sel_mask, exact, t1 - t0, t2 - t1, t4 - t3,
                          recompute_s=t3 - t2)
+
+
+def masked_heads(logits: Tensor, sel_mask: Optional[Tensor]) -> Tensor:
+    """logits [B, Hq, k] with -inf where sel_mask [B, Hsel, k] (Hsel = Hq or Hkv) is False."""
+    if sel_mask is None:
+        return logits
+    m = sel_mask if sel_mask.shape[1] == logits.shape[1] else sel_mask.repeat_interleave(
+        logits.shape[1] // sel_mask.shape[1], dim=1)
+    return logits.masked_fill(~m, NEG_INF)
+
+
+def head_lse(logits: Tensor, stats: Optional[Tensor], num_kv_heads: int) -> Tensor:
+    """Each query head's logsumexp over the scanned tokens: [B, Hkv, G], from the scan's block
+    statistics ([B*Hkv, nblk, G, 2] (max, sum exp)) when given, else from logits [B, Hq, T]
+    (masked = -inf); 0 for a head with no finite logit (as the selection's group score)."""
+    B, Hq, T = logits.shape
+    G = Hq // num_kv_heads
+    if stats is None:
+        lse = torch.logsumexp(logits.view(B, num_kv_heads, G, T), dim=-1)
+    else:
+        m, s = stats[..., 0], stats[..., 1]  # [B*Hkv, nblk, G]
+        top = m.amax(dim=1, keepdim=True)
+        safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        lse = (safe + torch.log((s * torch.exp(m - safe)).sum(dim=1, keepdim=True)))[:, 0].view(B, num_kv_heads, G)
+    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+
+
+def corrected_lse(lse: Tensor, approx: Tensor, exact: Tensor) -> Tensor:
+    """A sketch's per-head logsumexp with the candidates' terms replaced by their exact ones.
+
+    lse [B, Hkv, G] (over every scanned token, sketch logits); approx / exact [B, Hq, kc]: the
+    candidates' sketch and exact logits. log(exp(lse) - sum exp(approx) + sum exp(exact)):
+    the candidates carry most of the softmax mass, so this is close to the exact
+    logsumexp that the exact scan's selection normalises each head by.
+    """
+    B, Hkv, G = lse.shape
+    a = approx.view(B, Hkv, G, -1)
+    e = exact.view(B, Hkv, G, -1)
+    top = torch.maximum(lse, e.amax(dim=-1))
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    rest = (torch.exp(lse - top) - torch.exp(a - top.unsqueeze(-1)).sum(dim=-1)).clamp_min(0.0)
+    out = top + torch.log(rest + torch.exp(e - top.unsqueeze(-1)).sum(dim=-1))
+    return torch.where(torch.isfinite(out), out, torch.zeros_like(out))
+
+
+def rerank(cand_logits: Tensor, cand: Tensor, k: int, how: str, lse: Optional[Tensor],
+           approx: Optional[Tensor] = None, pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
+    """Keep the k best of kc candidates by their exact logits.
+
+    cand_logits [B, Hq, kc] (exact, -inf where masked); cand [B, Hsel, kc] token indices in
+    ascending order (as :func:`~hybridgen.attention.cpu_scan.select` returns them); how: the
+    group score ('max' over the group's heads of logit - lse, with lse [B, Hkv, G] the scan's
+    logsumexp per head, corrected by :func:`corrected_lse` when ``approx``, the candidates'
+    scan logits [B, Hq, kc], is given; 'sum'); Hsel = Hq: each head ranks its own. Returns
+    (idx [B, Hsel, k], logits [B, Hq, k]); ties go to the lower token (the C kernel, which
+    also does the correction; torch's top-k where it is missing).
+    """
+    B, Hq, kc = cand_logits.shape
+    Hsel = cand.shape[1]
+    G = Hq // Hsel
+    lib = native.lib()
+    if lib is not None and k > 0:
+        lg = cand_logits.contiguous()
+        pos = torch.empty(B, Hsel, k, dtype=torch.int64)
+        sel = torch.empty(B, Hq, k, dtype=torch.float32)
+        code = SELECT_HOW["raw" if G == 1 else how]
+        st = ap = None
+        if lse is not None and G > 1 and how == "max":  # one (max, sum) block per head: its logsumexp
+            st = torch.stack([lse.float(), torch.ones_like(lse, dtype=torch.float32)], dim=-1).contiguous()
+            ap = approx.contiguous() if approx is not None else None
+        (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), kc, G, code, k, pos.data_ptr(),
+                                           sel.data_ptr(), st.data_ptr() if st is not None else None,
+                                           1 if st is not None else 0, ap.data_ptr() if ap is not None else None)
+        return cand.gather(2, pos), sel
+    if G == 1:
+        score = cand_logits
+    elif how == "sum":
+        score = group_scores(cand_logits, Hsel, "sum")
+    else:
+        if approx is not None:
+            lse = corrected_lse(lse, approx, cand_logits)
+        score = (cand_logits.view(B, Hsel, G, kc) - lse.unsqueeze(-1)).amax(dim=2)
+    pos = torch.topk(score, k, dim=-1, sorted=False).indices
+    return cand.gather(2, pos), cand_logits.gather(2, pos.repeat_interleave(G, dim=1))
 
 
 def topk_count(ratio: float, host_tokens: int, minimum: int = 1) -> int:

@@ -76,6 +76,9 @@ class HybridGen(KVMethod):
     scan_backend / topk_backend: CPU kernels (see hybridgen.attention.cpu_scan).
     key_sketch: scan an int8/int4 sketch of the host keys for the selection and recompute the
         selected logits exactly (hybridgen.attention.key_sketch); 'none' scans the keys.
+    sketch_oversample: with a sketch, take ceil(sketch_oversample * k) candidates from it and
+        keep the k best by their exact logits (recall of the exact top-k on SmolLM2's keys,
+        int4: ~0.95 at 1.0, >= 0.99 at 1.25; results/cpu_scan/README.md).
     sched_interval, sched_per_layer, adapt_window, adapt_split, split_step: scheduler knobs.
     """
 
@@ -96,6 +99,7 @@ class HybridGen(KVMethod):
     scan_backend: Literal["auto", "torch", "numba", "native"] = "auto"
     topk_backend: Literal["auto", "native", "torch", "numba"] = "auto"
     key_sketch: Literal["none", "int8", "int4"] = "none"
+    sketch_oversample: Annotated[float, Range(1.0, 16.0)] = 1.25
     sched_interval: PositiveInt = 4
     sched_per_layer: bool = False
     adapt_window: bool = False
@@ -263,7 +267,7 @@ class HybridGen(KVMethod):
         sel = host_branch(q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k, self.per_head,
                           mask=mask, keep_keys=keep_keys, backend=self.scan_backend,
                           topk_backend=self.topk_backend, group_score=self.group_score, v_out=views.get("v"),
-                          pool=self.pool, sketch=sketch, sketch_offset=lo)
+                          pool=self.pool, sketch=sketch, sketch_offset=lo, oversample=self.sketch_oversample)
         sel.offset = lo
         shipped, ev = self._finish(layer, sel, q_host, views) if true_query else (None, None)
         return sel, time.perf_counter() - t0, shipped, ev, views

@@ -23,6 +23,8 @@ What it sets (a value already in the environment wins, so a user can still overr
   environment); the ``make`` targets and CI export them, so offline is their default.
 - Thread counts: torch's intra-op threads (``torch_threads``) and the CPU key scan's threads
   (``scan_threads``, kept in ``HYBRIDGEN_SCAN_THREADS``; default: torch's thread count).
+- ``HYBRIDGEN_CPU_ISA`` (not set, only checked): caps the instruction-set level of the CPU
+  kernels (``portable``, ``avx2``, ``avx512``; default: the best the CPU has).
 
 It then imports torch (so torch is loaded before anything imports numba) and records what it
 applied; :func:`record` returns that record, and ``hybridgen.eval.environment.environment()``
@@ -45,6 +47,9 @@ THREAD_ENV: Dict[str, str] = {
 #: Hugging Face switches: models and data come from disk only
 OFFLINE_ENV: Dict[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SCAN_THREADS_VAR = "HYBRIDGEN_SCAN_THREADS"
+CPU_ISA_VAR = "HYBRIDGEN_CPU_ISA"
+#: instruction-set levels of the CPU kernels (hybridgen.attention.native), lowest first
+CPU_ISA_LEVELS = ("portable", "avx2", "avx512")
 
 _record: Dict[str, Any] = {}
 
@@ -58,6 +63,17 @@ def _positive_int(value: Any, what: str) -> int:
     if n < 1:
         raise ConfigError(f"{what} must be a whole number of threads >= 1, got {value!r}")
     return n
+
+
+def cpu_isa_cap() -> int:
+    """The level ``HYBRIDGEN_CPU_ISA`` caps the CPU kernels at (an index into
+    :data:`CPU_ISA_LEVELS`; the highest when unset), or a one-line ConfigError."""
+    text = os.environ.get(CPU_ISA_VAR, "").strip().lower()
+    if not text:
+        return len(CPU_ISA_LEVELS) - 1
+    if text not in CPU_ISA_LEVELS:
+        raise ConfigError(f"{CPU_ISA_VAR} must be one of {', '.join(CPU_ISA_LEVELS)}, got {text!r}")
+    return CPU_ISA_LEVELS.index(text)
 
 
 def scan_threads() -> int:
@@ -81,7 +97,8 @@ def apply(*, torch_threads: Optional[int] = None, scan_threads: Optional[int] = 
     torch_threads: torch's intra-op threads (None: leave torch's default).
     scan_threads: the CPU key scan's threads (None: keep ``HYBRIDGEN_SCAN_THREADS`` if set,
     else follow torch's count). offline: also set the Hugging Face offline switches (default
-    False: the environment decides, see module docstring). A bad value of either, or of ``HYBRIDGEN_SCAN_THREADS``,
+    False: the environment decides, see module docstring). A bad value of either, or of ``HYBRIDGEN_SCAN_THREADS``
+    or ``HYBRIDGEN_CPU_ISA``,
     raises a one-line ConfigError before anything runs. Safe to call more than once: the
     record's ``given`` and ``torch_loaded_before`` describe the process before the first call.
     """
@@ -90,6 +107,7 @@ def apply(*, torch_threads: Optional[int] = None, scan_threads: Optional[int] = 
     n_scan = None if scan_threads is None else _positive_int(scan_threads, "scan_threads")
     if n_scan is None and os.environ.get(SCAN_THREADS_VAR, "").strip():
         _scan_threads()  # a bad HYBRIDGEN_SCAN_THREADS fails here, before anything runs
+    cpu_isa_cap()  # and a bad HYBRIDGEN_CPU_ISA
     torch_loaded_before = "torch" in sys.modules
     wanted = dict(THREAD_ENV, **(OFFLINE_ENV if offline else {}))
     given = {k: os.environ[k] for k in wanted if k in os.environ}
@@ -103,7 +121,7 @@ def apply(*, torch_threads: Optional[int] = None, scan_threads: Optional[int] = 
         torch.set_num_threads(n_torch)
     first = not _record  # a later call (e.g. with the command line's thread counts) keeps what the first saw
     _record.update({
-        "env": {k: os.environ.get(k) for k in (*wanted, SCAN_THREADS_VAR)},
+        "env": {k: os.environ.get(k) for k in (*wanted, SCAN_THREADS_VAR, CPU_ISA_VAR)},
         "given": sorted(given) if first else _record["given"],  # set before us: their values won
         "torch_loaded_before": torch_loaded_before if first else _record["torch_loaded_before"],
     })

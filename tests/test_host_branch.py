@@ -85,7 +85,7 @@ def test_hybridgen_sketch_partial_selection_keeps_exact_logits():
 def test_sketch_memory_comes_from_the_segment_tier():
     store = TieredStore()
     sk = KeySketch(store["dram"].view(pinned=False), "int8", 1, 2, 16, 100, "layer0/host/sketch")
-    assert store["dram"].bytes_by_owner()["layer0/host/sketch/codes"] == 2 * 100 * 16
+    assert store["dram"].bytes_by_owner()["layer0/host/sketch/codes"] == 2 * 128 * 16  # 100 tokens -> one 128-token block
     sk.release()
     assert store["dram"].used == 0
 

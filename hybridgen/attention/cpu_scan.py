@@ -240,7 +240,7 @@ def select(logits: Tensor, num_kv_heads: int, k: int, per_head: bool, how: str =
         use = stats is not None and not per_head and stats.shape[-2] == G
         (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), T, G, code, k, idx.data_ptr(),
                                            sel.data_ptr(), stats.data_ptr() if use else None,
-                                           stats.shape[1] if use else 0)
+                                           stats.shape[1] if use else 0, None)
         return idx, sel
     scores = logits if per_head else group_scores(logits, num_kv_heads, how)
     idx = topk_indices(scores, k, "numba" if topk_backend == "numba" else "torch", pool=pool)

@@ -1,24 +1,28 @@
 """A compact key sketch kept next to a host segment's keys and scanned instead of them for SELECTION.
 
 The CPU branch reads every host key each step; a sketch cuts the bytes per scanned key
-(bf16: 2 bytes per element; ``int8``: 1; ``int4``: 1/2, plus one float32 scale per
-(batch, KV head, ``SKETCH_BLOCK`` tokens)). Only the ranking uses it: the selected rows'
-logits are recomputed exactly from the full-precision keys
-(:func:`hybridgen.attention.cpu_scan.exact_logits_at`), so the softmax stays exact over
-what is selected; the sketch changes *which* tokens are selected, never their weights.
+(bf16: 2 bytes per element; ``int8``: 1 + 1/8 with its parameters; ``int4``: 1/2 + 1/8).
+Only the ranking uses it: the selected rows' logits are recomputed exactly from the
+full-precision keys (:func:`hybridgen.attention.cpu_scan.exact_logits_at`), so the softmax
+stays exact over what is selected; the sketch changes *which* tokens are selected, never
+their weights. HybridGen can also over-select from the sketch and keep the top-k of the
+candidates by their exact logits (its ``sketch_oversample``, :func:`hybridgen.host_branch.host_branch`).
 
-Codes (symmetric, per (batch, KV head, block) scale s = max|k| / qmax over the block's
-tokens and channels; qmax 127 for int8, 7 for int4):
-- int8: ``codes [B, Hkv, cap, D]`` int8 = round(k / s);
-- int4: ``codes [B, Hkv, cap, D // 2]`` uint8, byte j = (c[j] + 8) | (c[j + D/2] + 8) << 4;
-- ``scales [B, Hkv, nblocks]`` float32 (nblocks = ceil(cap / SKETCH_BLOCK)).
-The query is quantized per (batch, query head) with a power-of-two scale (so a query of
-small integers stays exact), to int16 for int8 codes and to int8 for int4 codes (whose scan
-multiplies unsigned nibbles by signed bytes, 32 products per AVX2 instruction), and the
-scan accumulates integer dot products
-(``hg_scan_i8`` / ``hg_scan_i4`` of :mod:`hybridgen.attention.native`; a torch fallback
-dequantizes). Keys that are exactly representable (integers with a block maximum of qmax)
-give exactly the bf16 scan's logits, hence the same selection (tests/test_attention_key_sketch.py).
+Codes (``csrc/sketch.c`` has the byte layout): asymmetric per (batch, KV head, block of
+``SKETCH_BLOCK`` tokens, channel): lo = the block's minimum of the channel, s = (max - lo) / L
+(L = 255 for int8, 15 for int4; 0 for a constant channel), code = round((k - lo) / s) in
+[0, L]. Keys have a few large outlier channels; one scale per channel keeps the others
+resolved (on SmolLM2's keys, a single scale per block gave int4 a recall of ~0.8 of the
+exact top 5%, a scale per channel ~0.95: ``benchmarks/bench_sketch_recall.py``).
+- ``codes [B, Hkv, capacity / 16, 16 * D * bits / 8]`` uint8: token-major tiles of 16 tokens,
+  so the scan's integer dot products run over 16 tokens per vector with no horizontal sums;
+- ``params [B, Hkv, capacity / SKETCH_BLOCK, 2, D]`` float32: the scales s, then the minima lo.
+The scan quantizes the query per block (q' = q * s, 8-bit with one scale per head) and
+accumulates u8 x s8 dot products (AVX-512 VNNI, AVX2 or portable C: the same integers),
+plus the exact offset sum_c q_c * lo_c; a torch fallback computes the same numbers.
+Keys that the codes represent exactly (integers spanning [lo, lo + L] in every channel of a
+block) with a query of integers whose largest magnitude per head is 127 give exactly the
+bf16 scan's logits, hence the same selection (tests/test_attention_key_sketch.py).
 
 Memory comes from the segment's key tier (:meth:`hybridgen.kv.tiers.Tier.allocate`, owner
 ``<segment owner>/sketch``): it is counted in the ledger like the keys themselves.
@@ -28,7 +32,6 @@ from the last partial one onwards are re-quantized; a segment that shrank or mov
 """
 from __future__ import annotations
 
-import math
 from typing import Literal, Optional, Tuple
 
 import torch
@@ -40,46 +43,54 @@ from hybridgen.attention.cpu_scan import rows_view
 from hybridgen.errors import ConfigError
 
 SKETCH_KINDS = ("int8", "int4")
-SKETCH_BLOCK = 64  # tokens per scale block
+SKETCH_BLOCK = 128  # tokens per parameter block
+TILE = 16  # tokens per code tile (SKETCH_BLOCK is a multiple)
 SCAN_BLOCK = 512  # tokens per scan work item (= cpu_scan.TOKEN_BLOCK: the same block statistics)
-_QMAX = {"int8": 127, "int4": 7}
+_BITS = {"int8": 8, "int4": 4}
 SketchKind = Literal["int8", "int4"]
 
 
-def quantize_query(q: Tensor, bits: int = 16) -> Tuple[Tensor, Tensor]:
-    """q [R, D] float -> (int codes [R, D], float32 scales [R]) with q ~= codes * scale.
+def check_head_dim(kind: str, head_dim: int) -> None:
+    """Raise ConfigError unless a ``kind`` sketch can hold keys of ``head_dim``."""
+    if kind not in SKETCH_KINDS:
+        raise ConfigError(f"unknown key sketch {kind!r}; choose one of: none, {', '.join(SKETCH_KINDS)}")
+    if head_dim % 8:
+        raise ConfigError(f"the key sketch needs a head dim that is a multiple of 8, got {head_dim}; "
+                          f"use key_sketch='none'")
 
-    bits 16 (int16 codes, the int8 sketch's scan) or 8 (int8 codes, the int4 sketch's). The
-    scale is the smallest power of two with max|q| / scale <= 2^(bits-1) - 1 (a query of
-    small integers stays exact); a zero row gets scale 1.
+
+def block_query(q: Tensor, scales: Tensor, minima: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The query a sketch block is scanned with (the C kernels compute the same numbers).
+
+    q [..., G, D] float32; scales, minima [..., D] (one block's parameters, broadcast over G).
+    Returns (q8 [..., G, D] int8-valued float32, qs [..., G] float32, z [..., G] float64):
+    q' = q * s, qs = max|q'| / 127 (1 when 0), q8 = round(q' * (1 / qs)), z = sum q * lo; the
+    block's logits are (q8 . codes) * qs + z, times the softmax scale.
     """
-    top = float(2 ** (bits - 1) - 1)
-    qf = q.float()
-    amax = qf.abs().amax(dim=-1).clamp_min(1e-30)
-    e = torch.ceil(torch.log2(amax / top))
-    scale = torch.exp2(e)
-    scale = torch.where(amax / scale > top, scale * 2, scale)
-    codes = torch.round(qf / scale[:, None]).clamp_(-top, top).to(torch.int16 if bits == 16 else torch.int8)
-    return codes.contiguous(), scale.float().contiguous()
+    qp = q * scales.unsqueeze(-2)
+    amax = qp.abs().amax(dim=-1)
+    qs = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q8 = torch.round(qp * (1.0 / qs).unsqueeze(-1)).clamp_(-127.0, 127.0)
+    z = (q.double() * minima.double().unsqueeze(-2)).sum(dim=-1)
+    return q8, qs, z
 
 
 class KeySketch:
     """int8 / int4 codes of one host segment's keys, for the selection scan.
 
-    tier: where the codes and scales are allocated (the segment's key tier); kind: 'int8' or
-    'int4'; batch, kv_heads, head_dim, capacity: the segment's shape (capacity in tokens).
+    tier: where the codes and parameters are allocated (the segment's key tier); kind: 'int8'
+    or 'int4'; batch, kv_heads, head_dim (a multiple of 8), capacity: the segment's shape
+    (capacity in tokens).
     """
 
     def __init__(self, tier, kind: str, batch: int, kv_heads: int, head_dim: int, capacity: int, owner: str):
-        if kind not in SKETCH_KINDS:
-            raise ConfigError(f"unknown key sketch {kind!r}; choose one of: none, {', '.join(SKETCH_KINDS)}")
-        if kind == "int4" and head_dim % 2:
-            raise ConfigError(f"the int4 key sketch needs an even head dim, got {head_dim}; use key_sketch='int8'")
+        check_head_dim(kind, head_dim)
         self.tier, self.kind, self.owner = tier, kind, owner
         self.B, self.H, self.D = batch, kv_heads, head_dim
-        self.qmax = _QMAX[kind]
+        self.bits = _BITS[kind]
+        self.levels = float(2 ** self.bits - 1)
         self.codes: Optional[Tensor] = None
-        self.scales: Optional[Tensor] = None
+        self.params: Optional[Tensor] = None
         self.capacity = 0
         self.length = 0  # tokens quantized (the last block may be partial)
         self._src: Tuple[int, int] = (0, 0)  # (data_ptr, capacity stride) of the keys last synced
@@ -87,31 +98,35 @@ class KeySketch:
         self._alloc(max(int(capacity), 1))
 
     # ------------------------------------------------------------------ memory
+    @property
+    def tile_bytes(self) -> int:
+        return TILE * self.D * self.bits // 8
+
     def _alloc(self, capacity: int) -> None:
         self.release()
-        width = self.D if self.kind == "int8" else self.D // 2
-        dtype = torch.int8 if self.kind == "int8" else torch.uint8
-        nblk = -(-capacity // SKETCH_BLOCK)
-        self.codes = self.tier.allocate((self.B, self.H, capacity, width), dtype, f"{self.owner}/codes")
-        self.scales = self.tier.allocate((self.B, self.H, nblk), torch.float32, f"{self.owner}/scales")
+        capacity = -(-capacity // SKETCH_BLOCK) * SKETCH_BLOCK
+        self.codes = self.tier.allocate((self.B, self.H, capacity // TILE, self.tile_bytes), torch.uint8,
+                                        f"{self.owner}/codes")
+        self.params = self.tier.allocate((self.B, self.H, capacity // SKETCH_BLOCK, 2, self.D), torch.float32,
+                                         f"{self.owner}/params")
         self.capacity, self.length = capacity, 0
 
     def release(self) -> None:
-        """Return the codes and scales to the tier."""
-        for t in (self.codes, self.scales):
+        """Return the codes and parameters to the tier."""
+        for t in (self.codes, self.params):
             if t is not None:
                 self.tier.release(t)
-        self.codes = self.scales = None
+        self.codes = self.params = None
         self.capacity = self.length = 0
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.params) if t is not None)
 
     @property
     def bytes_per_token(self) -> float:
-        """Bytes the scan reads per (batch, KV head, token): codes plus the amortised scale."""
-        return self.codes.shape[-1] * self.codes.element_size() + 4.0 / SKETCH_BLOCK
+        """Bytes the scan reads per (batch, KV head, token): codes plus the amortised parameters."""
+        return sketch_bytes_per_token(self.kind, self.D)
 
     # ------------------------------------------------------------------ quantization
     def sync(self, keys: Tensor) -> None:
@@ -139,46 +154,68 @@ class KeySketch:
         self.length = T
 
     def _quantize(self, keys: Tensor, t0: int, t1: int, chunk_blocks: int = 64) -> None:
-        """Quantize tokens [t0, t1) (t0 block-aligned): the C kernel (``hg_quantize``, one job
-        per (batch, head, block) on the default pool) when it builds, else torch, block by
-        block, ``chunk_blocks`` at a time (the same codes and scales either way)."""
+        """Quantize tokens [t0, t1) (t0 block-aligned): the C kernel (``hg_sketch_quantize``, one
+        job per (batch, head, block) on the default pool) when it builds, else torch,
+        ``chunk_blocks`` blocks at a time (the same codes and parameters either way)."""
         B, H, _, D = keys.shape
         lib = native.lib()
-        if lib is not None and keys.dtype in (torch.bfloat16, torch.float32) and t1 > t0:
+        if t1 <= t0:
+            return
+        if lib is not None and keys.dtype in (torch.bfloat16, torch.float32):
             rows, cap = rows_view(keys)
             b0, nb = t0 // SKETCH_BLOCK, -(-t1 // SKETCH_BLOCK) - t0 // SKETCH_BLOCK
-            default_pool().run_split(lib.hg_quantize, B * H * nb, rows.data_ptr(), int(keys.dtype == torch.bfloat16),
-                                     cap, self.codes.data_ptr(), self.codes.shape[2], self.scales.data_ptr(),
-                                     self.scales.shape[-1], SKETCH_BLOCK, 8 if self.kind == "int8" else 4, b0, nb,
-                                     t1, D)
+            default_pool().run_split(lib.hg_sketch_quantize, B * H * nb, rows.data_ptr(),
+                                     int(keys.dtype == torch.bfloat16), cap, self.codes.data_ptr(),
+                                     self.codes.shape[2], self.params.data_ptr(), self.params.shape[2], SKETCH_BLOCK,
+                                     self.bits, b0, nb, t1, D)
             return
         for c0 in range(t0, t1, chunk_blocks * SKETCH_BLOCK):
-            c1 = min(t1, c0 + chunk_blocks * SKETCH_BLOCK)
-            n = c1 - c0
-            nb = -(-n // SKETCH_BLOCK)
-            x = keys[:, :, c0:c1].float()
-            if n % SKETCH_BLOCK:
-                x = torch.cat([x, x.new_zeros(B, H, nb * SKETCH_BLOCK - n, D)], dim=2)
-            xb = x.view(B, H, nb, SKETCH_BLOCK, D)
-            amax = xb.abs().amax(dim=(3, 4))
-            s = torch.where(amax > 0, amax / self.qmax, torch.ones_like(amax))
-            codes = torch.round(xb / s[..., None, None]).clamp_(-self.qmax, self.qmax).view(B, H, -1, D)[:, :, :n]
-            self.scales[:, :, c0 // SKETCH_BLOCK:c0 // SKETCH_BLOCK + nb] = s
-            if self.kind == "int8":
-                self.codes[:, :, c0:c1] = codes.to(torch.int8)
-            else:
-                u = (codes + 8).to(torch.uint8)
-                self.codes[:, :, c0:c1] = u[..., :D // 2] | (u[..., D // 2:] << 4)
+            self._quantize_torch(keys, c0, min(t1, c0 + chunk_blocks * SKETCH_BLOCK))
+
+    def _quantize_torch(self, keys: Tensor, c0: int, c1: int) -> None:
+        B, H, _, D = keys.shape
+        n = c1 - c0
+        nb = -(-n // SKETCH_BLOCK)
+        x = keys[:, :, c0:c1].float()
+        pad = nb * SKETCH_BLOCK - n
+        inf = torch.full((B, H, pad, D), float("inf"))
+        mn = torch.cat([x, inf], dim=2).view(B, H, nb, SKETCH_BLOCK, D).amin(dim=3)
+        mx = torch.cat([x, -inf], dim=2).view(B, H, nb, SKETCH_BLOCK, D).amax(dim=3)
+        s = torch.where(mx > mn, (mx - mn) / self.levels, torch.zeros_like(mn))
+        b0 = c0 // SKETCH_BLOCK
+        self.params[:, :, b0:b0 + nb, 0] = s
+        self.params[:, :, b0:b0 + nb, 1] = mn
+        per_tok = lambda t: t.repeat_interleave(SKETCH_BLOCK, dim=2)[:, :, :n]  # noqa: E731
+        s_t, lo_t = per_tok(s), per_tok(mn)
+        u = torch.where(s_t > 0, torch.round((x - lo_t) / torch.where(s_t > 0, s_t, torch.ones_like(s_t))),
+                        torch.zeros_like(x)).clamp_(0, self.levels).to(torch.uint8)
+        ntile = -(-n // TILE)
+        u = torch.cat([u, u.new_zeros(B, H, ntile * TILE - n, D)], dim=2).view(B, H, ntile, TILE, D)
+        if self.bits == 8:
+            tiles = u.view(B, H, ntile, TILE, D // 4, 4).permute(0, 1, 2, 4, 3, 5)
+        else:
+            o = u.view(B, H, ntile, TILE, D // 8, 8)
+            tiles = (o[..., :4] | (o[..., 4:] << 4)).permute(0, 1, 2, 4, 3, 5)
+        self.codes[:, :, c0 // TILE:c0 // TILE + ntile] = tiles.reshape(B, H, ntile, self.tile_bytes)
+
+    # ------------------------------------------------------------------ reading the codes back
+    def unpacked(self, lo: int, hi: int) -> Tensor:
+        """The codes of tokens [lo, hi) as [B, Hkv, hi - lo, D] uint8 (one code per element)."""
+        B, H, D = self.B, self.H, self.D
+        i0, i1 = lo // TILE, -(-hi // TILE)
+        t = self.codes[:, :, i0:i1]
+        if self.bits == 8:
+            u = t.view(B, H, i1 - i0, D // 4, TILE, 4).permute(0, 1, 2, 4, 3, 5).reshape(B, H, -1, D)
+        else:
+            b = t.view(B, H, i1 - i0, D // 8, TILE, 4).permute(0, 1, 2, 4, 3, 5)
+            u = torch.cat([b & 15, b >> 4], dim=-1).reshape(B, H, -1, D)
+        return u[:, :, lo - i0 * TILE:hi - i0 * TILE]
 
     def dequantized(self, lo: int, hi: int) -> Tensor:
         """The keys the sketch stands for, tokens [lo, hi): [B, Hkv, hi - lo, D] float32."""
-        if self.kind == "int8":
-            c = self.codes[:, :, lo:hi].float()
-        else:
-            u = self.codes[:, :, lo:hi]
-            c = torch.cat([(u & 15).float(), (u >> 4).float()], dim=-1) - 8.0
         blk = torch.arange(lo, hi) // SKETCH_BLOCK
-        return c * self.scales[:, :, blk][..., None]
+        p = self.params[:, :, blk]  # [B, H, T, 2, D]
+        return self.unpacked(lo, hi).float() * p[:, :, :, 0] + p[:, :, :, 1]
 
     # ------------------------------------------------------------------ scan
     def scan(self, q: Tensor, scale: float, lo: int, hi: int, out: Optional[Tensor] = None,
@@ -192,7 +229,7 @@ class KeySketch:
 
     def scan_stats(self, q: Tensor, scale: float, lo: int, hi: int, out: Optional[Tensor] = None,
                    pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Optional[Tensor]]:
-        """:meth:`scan` plus the per-block softmax statistics of the C kernels
+        """:meth:`scan` plus the per-block softmax statistics of the C kernel
         ([B*Hkv, ceil((hi-lo) / SCAN_BLOCK), G, 2], as
         :func:`hybridgen.attention.cpu_scan.scan_logits_stats`), None on the torch fallback."""
         if q.dim() == 4:
@@ -205,33 +242,39 @@ class KeySketch:
         res = out.view(B * H, G, T) if out is not None else torch.empty(B * H, G, T, dtype=torch.float32)
         if T == 0:
             return res.view(B, Hq, T), None
-        qc, qs = quantize_query(q.reshape(B * Hq, D), 16 if self.kind == "int8" else 8)
+        qg = q.float().reshape(B * H, G, D).contiguous()
         lib = native.lib()
-        fits = lib is not None and G <= 8 and D <= 2048
-        if not fits:
-            keys = self.dequantized(lo, hi)  # torch fallback: same quantized query, float math
-            qd = (qc.float() * qs[:, None]).view(B, H, G, D)
-            res.view(B, H, G, T).copy_(torch.matmul(qd, keys.transpose(-1, -2)).mul_(scale))
+        if lib is None or G > 8 or D > 512:
+            self._scan_torch(qg, scale, lo, hi, res)
             return res.view(B, Hq, T), None
         nblk = -(-T // SCAN_BLOCK)
-        nsb = self.scales.shape[-1]
-        cap = self.codes.shape[2]
-        p = (pool or default_pool())
         stats = torch.empty(B * H, nblk, G, 2, dtype=torch.float32)
-        if self.kind == "int8":
-            p.run_split(lib.hg_scan_i8, B * H * nblk, qc.data_ptr(), qs.data_ptr(), self.codes.data_ptr(),
-                        self.scales.data_ptr(), nsb, SKETCH_BLOCK, lo, cap, res.data_ptr(), float(scale), T, D, G,
-                        SCAN_BLOCK, stats.data_ptr())
-        else:
-            qsum = qc.to(torch.int32).sum(dim=-1).to(torch.int32).contiguous()
-            p.run_split(lib.hg_scan_i4, B * H * nblk, qc.data_ptr(), qs.data_ptr(), qsum.data_ptr(),
-                        self.codes.data_ptr(), self.scales.data_ptr(), nsb, SKETCH_BLOCK, lo, cap, res.data_ptr(),
-                        float(scale), T, D, G, SCAN_BLOCK, stats.data_ptr())
+        (pool or default_pool()).run_split(lib.hg_sketch_scan, B * H * nblk, qg.data_ptr(), self.codes.data_ptr(),
+                                           self.codes.shape[2], self.params.data_ptr(), self.params.shape[2],
+                                           SKETCH_BLOCK, self.bits, lo, res.data_ptr(), float(scale), T, D, G,
+                                           SCAN_BLOCK, stats.data_ptr())
         return res.view(B, Hq, T), stats
+
+    def _scan_torch(self, qg: Tensor, scale: float, lo: int, hi: int, res: Tensor, chunk_blocks: int = 64) -> None:
+        """The C scan's numbers in torch: qg [B*Hkv, G, D] float32 -> res [B*Hkv, G, hi - lo]."""
+        BH, G, D = qg.shape
+        q = qg.view(self.B, self.H, G, D)
+        for b0 in range(lo // SKETCH_BLOCK, -(-hi // SKETCH_BLOCK), chunk_blocks):
+            b1 = min(b0 + chunk_blocks, -(-hi // SKETCH_BLOCK))
+            t0, t1 = max(lo, b0 * SKETCH_BLOCK), min(hi, b1 * SKETCH_BLOCK)
+            u = self.unpacked(b0 * SKETCH_BLOCK, b1 * SKETCH_BLOCK).double()
+            u = u.view(self.B, self.H, b1 - b0, SKETCH_BLOCK, D)
+            p = self.params[:, :, b0:b1]
+            q8, qs, z = block_query(q.unsqueeze(2), p[:, :, :, 0], p[:, :, :, 1])  # [B, H, nb, G, *]
+            acc = torch.matmul(q8.double(), u.transpose(-1, -2))  # [B, H, nb, G, SKETCH_BLOCK], exact integers
+            a = (qs * scale).double().unsqueeze(-1)
+            c = (z * scale).float().double().unsqueeze(-1)
+            lg = (acc * a + c).float().permute(0, 1, 3, 2, 4).reshape(BH, G, -1)
+            res[:, :, t0 - lo:t1 - lo] = lg[:, :, t0 - b0 * SKETCH_BLOCK:t1 - b0 * SKETCH_BLOCK]
 
 
 def sketch_bytes_per_token(kind: str, head_dim: int) -> float:
-    """Bytes a sketch scan reads per (batch, KV head, token) for ``kind`` at ``head_dim``."""
-    if kind not in SKETCH_KINDS:
-        raise ConfigError(f"unknown key sketch {kind!r}; choose one of: {', '.join(SKETCH_KINDS)}")
-    return (head_dim if kind == "int8" else math.ceil(head_dim / 2)) + 4.0 / SKETCH_BLOCK
+    """Bytes a sketch scan reads per (batch, KV head, token) for ``kind`` at ``head_dim``:
+    the codes plus the per-block parameters (two float32 per channel per block)."""
+    check_head_dim(kind, head_dim)
+    return head_dim * _BITS[kind] / 8 + 2 * 4 * head_dim / SKETCH_BLOCK

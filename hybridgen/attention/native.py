@@ -1,18 +1,21 @@
-"""The C kernels of the CPU key scan (``native_scan.c``), compiled on first use, called through ctypes.
+"""The C kernels of the CPU branch (``csrc/*.c``), compiled on first use, called through ctypes.
 
-On first use the C source beside this module is compiled with the system C compiler
-(``$CC``, else ``cc``/``gcc``; ``-O3 -shared -fPIC``) into
+On first use the C sources beside this module (``csrc/``) are compiled with the system C
+compiler (``$CC``, else ``cc``/``gcc``; ``-O3 -shared -fPIC``) into one shared object in
 ``$HYBRIDGEN_CACHE/native/`` (default ``~/.cache/hybridgen/native``), named by a hash of the
-source, the compiler's version and the machine, and loaded with ctypes, which releases the
+sources, the compiler's version and the machine, and loaded with ctypes, which releases the
 GIL during each call: :meth:`hybridgen.attention.cpu_pool.CPUAttentionPool.run_split`
 runs slices of a kernel on its threads. Nothing is downloaded; without a compiler (or with
 ``HYBRIDGEN_NATIVE=0``) :func:`lib` returns None and every caller takes its numba or torch
-path. x86-64 builds carry AVX2+FMA bodies picked at run time; other CPUs run the portable C.
+path. x86-64 builds carry AVX2+FMA and AVX-512 (VNNI) bodies picked at run time
+(:func:`isa`); other CPUs run the portable C. ``HYBRIDGEN_CPU_ISA=portable|avx2|avx512``
+caps the level (to compare levels on one machine).
 
-Kernels (shapes in ``native_scan.c``): ``hg_scan_bf16`` / ``hg_scan_f32`` (exact scan, fp32
-accumulation), ``hg_scan_i8`` / ``hg_scan_i4`` (key-sketch scans), ``hg_select`` (group
-scoring + partial top-k + the selected logits), ``hg_rows_bf16`` (exact logits of selected
-rows read in place), ``hg_gather_rows`` (row gather), ``hg_quantize`` (sketch codes).
+Kernels (shapes in the sources): ``hg_scan_bf16`` / ``hg_scan_f32`` (exact scan, fp32
+accumulation, ``scan_exact.c``), ``hg_sketch_quantize`` / ``hg_sketch_scan`` (the key
+sketch, ``sketch.c``), ``hg_select`` (group scoring + partial top-k + the selected logits),
+``hg_rows_bf16`` (exact logits of selected rows read in place), ``hg_gather_rows`` (row
+gather) (``select.c``).
 """
 from __future__ import annotations
 
@@ -25,10 +28,13 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-_SRC = Path(__file__).with_name("native_scan.c")
+from hybridgen.runtime import CPU_ISA_LEVELS, cpu_isa_cap
+
+_SRC_DIR = Path(__file__).with_name("csrc")
 _FLAGS = ["-O3", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu99"]
+ISA_NAMES = CPU_ISA_LEVELS
 _lock = threading.Lock()
 _lib: Any = None
 _tried = False
@@ -37,21 +43,26 @@ build_error: Optional[str] = None  # why the last build failed (None: built or n
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _F = ctypes.c_float
 _SIGNATURES = {
-    "hg_has_avx2": ([], ctypes.c_int),
+    "hg_isa_level": ([], ctypes.c_int),
+    "hg_set_isa_limit": ([ctypes.c_int], ctypes.c_int),
     "hg_scan_bf16": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
     "hg_scan_f32": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
-    "hg_scan_i8": ([_P, _P, _P, _P, _I, _I, _I, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
-    "hg_scan_i4": ([_P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
-    "hg_select": ([_P, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I], ctypes.c_int),
+    "hg_sketch_quantize": ([_P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I], None),
+    "hg_sketch_scan": ([_P, _P, _I, _P, _I, _I, _I, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_select": ([_P, _I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I], ctypes.c_int),
     "hg_rows_bf16": ([_P, _P, _I, _P, _I, _P, _F, _I, _I, _I, _I], None),
     "hg_gather_rows": ([_P, _I, _P, _I, _I, _P, _I, _I, _I], None),
-    "hg_quantize": ([_P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I], None),
 }
 
 
 def cache_dir() -> Path:
     """Where built kernels live: ``$HYBRIDGEN_CACHE/native`` (default ``~/.cache/hybridgen/native``)."""
     return Path(os.environ.get("HYBRIDGEN_CACHE") or "~/.cache/hybridgen").expanduser() / "native"
+
+
+def sources() -> List[Path]:
+    """The C sources compiled into the kernels' shared object (``csrc/*.c`` and its header)."""
+    return sorted(_SRC_DIR.glob("*.c"))
 
 
 def _compiler() -> Optional[str]:
@@ -62,19 +73,21 @@ def _compiler() -> Optional[str]:
 
 
 def _build(cc: str, extra: Tuple[str, ...] = ()) -> Path:
-    """Compile the source (once per source/compiler/flags/machine) and return the shared object's path."""
+    """Compile the sources (once per sources/compiler/flags/machine) and return the shared object's path."""
     flags = [*_FLAGS, *extra]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    tag = hashlib.sha256(_SRC.read_bytes() + version.encode() + " ".join(flags).encode()
-                         + platform.machine().encode()).hexdigest()[:16]
-    out = cache_dir() / f"hg_scan_{tag}.so"
+    digest = hashlib.sha256()
+    for path in [*sources(), *sorted(_SRC_DIR.glob("*.h"))]:
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(version.encode() + " ".join(flags).encode() + platform.machine().encode())
+    out = cache_dir() / f"hg_cpu_{digest.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         so = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, "-o", str(so), str(_SRC), "-lm"], capture_output=True, text=True,
-                             timeout=300)
+        res = subprocess.run([cc, *flags, "-o", str(so), *map(str, sources()), "-lm"], capture_output=True,
+                             text=True, timeout=300)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-500:]}")
         os.replace(so, out)  # atomic: concurrent first uses agree on one file
@@ -91,7 +104,7 @@ def _load(path: Path) -> Any:
 
 def load_portable() -> Any:
     """A separate build with only the portable C bodies (``-DHG_PORTABLE``), for tests that
-    check those paths on an AVX2 machine; None without a compiler."""
+    compare them with the vector bodies; None without a compiler."""
     cc = _compiler()
     return _load(_build(cc, ("-DHG_PORTABLE",))) if cc else None
 
@@ -107,12 +120,14 @@ def lib() -> Any:
         if os.environ.get("HYBRIDGEN_NATIVE", "1").strip() in ("0", "false", "no", "off"):
             build_error = "disabled by HYBRIDGEN_NATIVE=0"
         else:
+            cap = cpu_isa_cap()  # a bad value is the caller's error, not a build failure
             cc = _compiler()
             if cc is None:
                 build_error = "no C compiler (set CC or install gcc)"
             else:
                 try:
                     _lib = _load(_build(cc))
+                    _lib.hg_set_isa_limit(cap)
                 except Exception as exc:  # noqa: BLE001 - any build/load failure means "use the fallback"
                     build_error = f"{type(exc).__name__}: {exc}"
         _tried = True
@@ -124,6 +139,18 @@ def available() -> bool:
     return lib() is not None
 
 
+def isa() -> int:
+    """The instruction-set level the loaded kernels use: 0 portable C (or no kernels), 1 AVX2+FMA,
+    2 AVX-512 with VNNI (:data:`ISA_NAMES`); the CPU's own level unless capped."""
+    return int(lib().hg_isa_level()) if available() else 0
+
+
+def set_isa_limit(level: int) -> int:
+    """Cap the level the kernels use (tests compare the levels on one machine); returns the level
+    in use afterwards (the CPU's own level when that is lower)."""
+    return int(lib().hg_set_isa_limit(int(level))) if available() else 0
+
+
 def has_avx2() -> bool:
-    """True when the loaded kernels run their AVX2+FMA bodies on this CPU."""
-    return available() and bool(lib().hg_has_avx2())
+    """True when the loaded kernels run their vector (AVX2 or better) bodies on this CPU."""
+    return isa() >= 1
