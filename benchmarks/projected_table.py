@@ -6,15 +6,16 @@
 For each hardware profile (``hybridgen/profiles``; the paper's A100, H100 and RTX 5090 hosts
 with a CXL node, plus the H200 host whose measured table ``bench_gpu.py`` produces) it writes
 ``<profile>.csv`` and ``<profile>.md`` and one ``projected.md`` with every table:
-1. per-layer decode attention (ms) of full, hybrid-exact, hybridgen, FlexGen streaming and
-   FlexGen CPU-compute for a Llama-3.1-8B-shaped layer (batch 8, 32 q heads, 8 KV heads, head
+1. per-layer decode attention (ms) of full, hybrid-exact, hybridgen (and with the int4 key
+   sketch, ``hybridgen-sketch``), FlexGen streaming and FlexGen CPU-compute for a Llama-3.1-8B-shaped layer (batch 8, 32 q heads, 8 KV heads, head
    dim 128, bf16) at host shares 50/75/90/95% and contexts 8K-64K (the grid of
    ``bench_gpu.py``; single layer, no cross-layer pipelining), with the ratios the issue
    targets; a what-if column gives hybridgen with a key scan at 80% of the host read
    bandwidth (the issue's scan target) instead of the profile's scan rate;
 2. end-to-end decode step and tokens/s of the 32-layer model at 90% host share (gpu_budget
    0.1 for every method that has one) for every registered method, FlexGen in its three
-   modes (hybridgen with cross-layer pipelining), with GPU-fit flags; a method without a
+   modes, hybridgen with and without the key sketch (cross-layer pipelining), with GPU-fit
+   flags; a method without a
    performance-model cost is listed as "not modelled".
 
 Nothing here is measured: every table and file is labelled PROJECTED. The model's formulas
@@ -42,10 +43,12 @@ CONTEXTS = (8192, 16384, 32768, 65536)
 SHARES = (0.5, 0.75, 0.9, 0.95)
 # (column label, registered method, parameters beyond the table's share)
 TABLE_METHODS = (("full", "full", {}), ("hybrid-exact", "hybrid-exact", {}), ("hybridgen", "hybridgen", {}),
+                 ("hybridgen-sketch", "hybridgen", {"key_sketch": "int4"}),
                  ("flexgen-stream", "flexgen", {}), ("flexgen-cpu", "flexgen", {"attention_on": "cpu"}))
 E2E_ORDER = ("full", "hybrid-exact", "hybridgen", "flexgen", "infinigen", "h2o", "snapkv", "streamingllm", "quest")
 MODES = {"flexgen": (("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}),
-                     ("flexgen-int4", {"compress_kv": True}))}
+                     ("flexgen-int4", {"compress_kv": True})),
+         "hybridgen": (("hybridgen", {}), ("hybridgen-sketch", {"key_sketch": "int4"}))}
 TOPK = 0.05
 LABEL = "PROJECTED (performance model, not measured)"
 
@@ -93,6 +96,7 @@ def layer_rows(prof: pm.HardwareProfile) -> List[Dict]:
             row["hg_vs_cpu"] = row["flexgen-cpu_ms"] / row["hybridgen_ms"]
             row["hg_scan80_vs_stream"] = row["flexgen-stream_ms"] / row["hybridgen_scan80_ms"]
             row["hg_scan80_vs_cpu"] = row["flexgen-cpu_ms"] / row["hybridgen_scan80_ms"]
+            row["hgs_vs_stream"] = row["flexgen-stream_ms"] / row["hybridgen-sketch_ms"]
             rows.append(row)
     return rows
 
@@ -119,12 +123,12 @@ def e2e_rows(prof: pm.HardwareProfile, context: int = 32768, share: float = 0.9)
 def layer_markdown(rows: List[Dict]) -> str:
     cols = [label for label, _, _ in TABLE_METHODS]
     lines = ["| context | host | " + " | ".join(cols) + " | hybridgen, scan 80% (what-if) | HG vs stream | HG vs cpu "
-             "| HG(80%) vs stream | HG(80%) vs cpu |", "|" + "---|" * (len(cols) + 7)]
+             "| HG(80%) vs stream | HG(80%) vs cpu | HG-sketch vs stream |", "|" + "---|" * (len(cols) + 8)]
     for r in rows:
         cells = " | ".join(f"{r[f'{c}_ms']:.3f}" for c in cols)
         lines.append(f"| {r['context']} | {int(round(r['host_share'] * 100))}% | {cells} | {r['hybridgen_scan80_ms']:.3f} | "
                      f"{r['hg_vs_stream']:.2f}x | {r['hg_vs_cpu']:.2f}x | {r['hg_scan80_vs_stream']:.2f}x | "
-                     f"{r['hg_scan80_vs_cpu']:.2f}x |")
+                     f"{r['hg_scan80_vs_cpu']:.2f}x | {r['hgs_vs_stream']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -155,8 +159,10 @@ def profile_section(prof: pm.HardwareProfile, lrows: List[Dict], erows: List[Dic
              f"{prof.gpu.memory_gb} GB; link {prof.link.name}: {prof.link.h2d_pinned_gbps} GB/s pinned H2D; host: "
              f"{prof.host.dram_read_gbps} GB/s read, key scan {prof.host.key_scan_gbps.get('bf16')} GB/s bf16 "
              f"({prof.host.key_scan_pinned_gbps.get('bf16')} on pinned memory, where FlexGen and hybrid-exact keep host KV; hybridgen's host KV is pageable), CPU "
-             f"attention {prof.host.cpu_attention_gbps.get('bf16')} GB/s bf16, group score + top-k "
-             f"{prof.host.group_score_gbps} / {prof.host.topk_gbps} GB/s of fp32 scores, "
+             f"attention {prof.host.cpu_attention_gbps.get('bf16')} GB/s bf16, the code's fused selection "
+             f"{prof.host.select_gbps or 'not in the profile: torch group score + top-k'} GB/s of fp32 logits "
+             f"(torch's group score + top-k {prof.host.group_score_gbps} / {prof.host.topk_gbps} GB/s), int4 key sketch "
+             f"scan {prof.host.key_sketch_gbps.get('int4') or 'not measured: at the key scan rate per byte'} GB/s, "
              f"{prof.host.op_us} us per host op; GQA partials on the GPU {prof.gpu.gqa_attention_gbps} GB/s; {cxl}")
     return "\n".join([
         f"## {prof.name} — {LABEL}", "", prof.description, "", facts, "",

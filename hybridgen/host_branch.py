@@ -117,8 +117,7 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
         sketch_logits = sel_logits
         sel_logits = masked_heads(exact_logits_at(q, keys, idx, scale, pool=pool), gather_mask(mask, idx))
         if kc > k:
-            lse = head_lse(logits, stats, Hkv) if not per_head and group_score == "max" else None
-            idx, sel_logits = rerank(sel_logits, idx, k, group_score, lse, sketch_logits, pool=pool)
+            idx, sel_logits = rerank(sel_logits, idx, k, group_score, logits, stats, sketch_logits, pool=pool)
     t3 = time.perf_counter()
     v_rows = gather_rows(values, idx, out=v_out, pool=pool)
     k_rows = gather_rows(keys, idx, pool=pool) if keep_keys else None
@@ -137,19 +136,19 @@ def masked_heads(logits: Tensor, sel_mask: Optional[Tensor]) -> Tensor:
     return logits.masked_fill(~m, NEG_INF)
 
 
-def head_lse(logits: Tensor, stats: Optional[Tensor], num_kv_heads: int) -> Tensor:
+def head_lse(logits: Optional[Tensor], stats: Optional[Tensor], num_kv_heads: int) -> Tensor:
     """Each query head's logsumexp over the scanned tokens: [B, Hkv, G], from the scan's block
     statistics ([B*Hkv, nblk, G, 2] (max, sum exp)) when given, else from logits [B, Hq, T]
     (masked = -inf); 0 for a head with no finite logit (as the selection's group score)."""
-    B, Hq, T = logits.shape
-    G = Hq // num_kv_heads
     if stats is None:
-        lse = torch.logsumexp(logits.view(B, num_kv_heads, G, T), dim=-1)
+        B, Hq, T = logits.shape
+        lse = torch.logsumexp(logits.view(B, num_kv_heads, Hq // num_kv_heads, T), dim=-1)
     else:
         m, s = stats[..., 0], stats[..., 1]  # [B*Hkv, nblk, G]
         top = m.amax(dim=1, keepdim=True)
         safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-        lse = (safe + torch.log((s * torch.exp(m - safe)).sum(dim=1, keepdim=True)))[:, 0].view(B, num_kv_heads, G)
+        lse = (safe + torch.log((s * torch.exp(m - safe)).sum(dim=1, keepdim=True)))[:, 0]
+        lse = lse.view(-1, num_kv_heads, stats.shape[2])
     return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
 
 
@@ -171,40 +170,45 @@ def corrected_lse(lse: Tensor, approx: Tensor, exact: Tensor) -> Tensor:
     return torch.where(torch.isfinite(out), out, torch.zeros_like(out))
 
 
-def rerank(cand_logits: Tensor, cand: Tensor, k: int, how: str, lse: Optional[Tensor],
-           approx: Optional[Tensor] = None, pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
+def rerank(cand_logits: Tensor, cand: Tensor, k: int, how: str, scan_logits: Optional[Tensor] = None,
+           stats: Optional[Tensor] = None, approx: Optional[Tensor] = None,
+           pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
     """Keep the k best of kc candidates by their exact logits.
 
     cand_logits [B, Hq, kc] (exact, -inf where masked); cand [B, Hsel, kc] token indices in
     ascending order (as :func:`~hybridgen.attention.cpu_scan.select` returns them); how: the
-    group score ('max' over the group's heads of logit - lse, with lse [B, Hkv, G] the scan's
-    logsumexp per head, corrected by :func:`corrected_lse` when ``approx``, the candidates'
-    scan logits [B, Hq, kc], is given; 'sum'); Hsel = Hq: each head ranks its own. Returns
-    (idx [B, Hsel, k], logits [B, Hq, k]); ties go to the lower token (the C kernel, which
-    also does the correction; torch's top-k where it is missing).
+    group score ('max' over the group's heads of logit - lse, 'sum'); Hsel = Hq: each head
+    ranks its own. For 'max' the lse is each head's logsumexp over the scan (its block
+    statistics ``stats`` [B*Hkv, nblk, G, 2], else the scan's logits ``scan_logits``
+    [B, Hq, T]), corrected by :func:`corrected_lse` when ``approx``, the candidates' scan
+    logits [B, Hq, kc], is given. Returns (idx [B, Hsel, k], logits [B, Hq, k]); ties go to
+    the lower token (the C kernel, which also does the correction; torch's top-k where it is
+    missing).
     """
     B, Hq, kc = cand_logits.shape
     Hsel = cand.shape[1]
     G = Hq // Hsel
+    use_lse = G > 1 and how == "max"
     lib = native.lib()
     if lib is not None and k > 0:
         lg = cand_logits.contiguous()
         pos = torch.empty(B, Hsel, k, dtype=torch.int64)
         sel = torch.empty(B, Hq, k, dtype=torch.float32)
-        code = SELECT_HOW["raw" if G == 1 else how]
-        st = ap = None
-        if lse is not None and G > 1 and how == "max":  # one (max, sum) block per head: its logsumexp
-            st = torch.stack([lse.float(), torch.ones_like(lse, dtype=torch.float32)], dim=-1).contiguous()
-            ap = approx.contiguous() if approx is not None else None
-        (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), kc, G, code, k, pos.data_ptr(),
-                                           sel.data_ptr(), st.data_ptr() if st is not None else None,
-                                           1 if st is not None else 0, ap.data_ptr() if ap is not None else None)
+        st, nblk = (stats, stats.shape[1]) if use_lse and stats is not None else (None, 0)
+        if use_lse and st is None:  # no statistics (a masked scan): one (max, sum) block per head, its lse
+            lse = head_lse(scan_logits, None, Hsel)
+            st, nblk = torch.stack([lse, torch.ones_like(lse)], dim=-1).view(B * Hsel, 1, G, 2), 1
+        ap = approx.contiguous() if use_lse and approx is not None else None
+        (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), kc, G, SELECT_HOW["raw" if G == 1 else how],
+                                           k, pos.data_ptr(), sel.data_ptr(), st.data_ptr() if st is not None else None,
+                                           nblk, ap.data_ptr() if ap is not None else None)
         return cand.gather(2, pos), sel
     if G == 1:
         score = cand_logits
     elif how == "sum":
         score = group_scores(cand_logits, Hsel, "sum")
     else:
+        lse = head_lse(scan_logits, stats, Hsel)
         if approx is not None:
             lse = corrected_lse(lse, approx, cand_logits)
         score = (cand_logits.view(B, Hsel, G, kc) - lse.unsqueeze(-1)).amax(dim=2)

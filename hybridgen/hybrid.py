@@ -446,7 +446,9 @@ class HybridGen(KVMethod):
 
         ratio = self.topk_ratio if self.topk_ratio is not None else SchedulerConfig().start_ratio
         # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
-        kw = dict(per_head=self.per_head, pipelined=self.pipeline, mapping=self.mapping, pinned=False)
+        kw = dict(per_head=self.per_head, pipelined=self.pipeline, mapping=self.mapping, pinned=False,
+                  key_sketch=None if self.key_sketch == "none" else self.key_sketch,
+                  oversample=self.sketch_oversample)
         if self.ship == "logits" and not self.three_way:
             return hybridgen_cost(c, self.gpu_budget, ratio, **kw)
         return hybridgen_variant_cost(c, self.gpu_budget, ratio, ship=self.ship, three_way=self.three_way,

@@ -158,7 +158,7 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
     from hybridgen.attention.partial import partial_attention
 
     names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    attn, scan, scan_backend, topk, group, gather = {}, {}, {}, None, None, None
+    attn, scan, scan_backend, topk, group, gather, sketch, select_rate = {}, {}, {}, None, None, None, {}, None
     attn_pinned: Dict[str, float] = {}
     scan_pinned: Dict[str, float] = {}
     scale = 1 / math.sqrt(sh["head_dim"])
@@ -187,6 +187,9 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
                 (lambda: attention_logits(q, kp, scale))
             scan_pinned[name] = _gbps(k.numel() * k.element_size(), median_time(pfn, cfg.reps))
             del kp, vp
+        if not sketch:  # the sketch scan reads its codes, whatever the keys' dtype
+            sketch = _sketch_gbps(q, k, cfg.reps)
+            select_rate = _select_gbps(q, k, cfg.reps)
         if topk is None:
             logits = torch.randn(sh["batch"], sh["heads"], cfg.cpu_tokens)
             kk = max(1, cfg.cpu_tokens // 20)
@@ -196,7 +199,8 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
             gather = _gather_gbps(v, cfg.reps)
         del q, k, v
     return {"cpu_attention_gbps": attn, "key_scan_gbps": scan, "key_scan_backend": scan_backend, "topk_gbps": topk,
-            "group_score_gbps": group, "gather_gbps": gather, "key_scan_pinned_gbps": scan_pinned, "cpu_attention_pinned_gbps": attn_pinned,
+            "group_score_gbps": group, "gather_gbps": gather, "key_scan_pinned_gbps": scan_pinned,
+            "cpu_attention_pinned_gbps": attn_pinned, "key_sketch_gbps": sketch, "select_gbps": select_rate,
             "op_us": measure_op_us(cfg.reps)}
 
 
@@ -221,6 +225,41 @@ def _gather_gbps(values: torch.Tensor, reps: int) -> Optional[float]:
     idx = torch.stack([torch.randperm(T)[:k] for _ in range(B * Hkv)]).view(B, Hkv, k)
     nbytes = B * Hkv * k * D * values.element_size()
     return _gbps(nbytes, median_time(lambda: gather_rows(values, idx), reps))
+
+
+def _select_gbps(q: torch.Tensor, keys: torch.Tensor, reps: int) -> Optional[float]:
+    """GB/s of fp32 logits through the code's selection (``cpu_scan.select`` after a scan with
+    its block statistics: group score + top-k 5%, the C kernel where it builds), as HybridGen
+    selects; None when the scan API is missing."""
+    try:
+        from hybridgen.attention.cpu_scan import scan_logits_stats, select
+    except ImportError:
+        return None
+    B, Hkv, T, D = keys.shape
+    logits, _, stats = scan_logits_stats(q, keys, D ** -0.5)
+    kk = max(1, T // 20)
+    return _gbps(logits.numel() * 4, median_time(lambda: select(logits, Hkv, kk, False, "max", stats=stats), reps))
+
+
+def _sketch_gbps(q: torch.Tensor, keys: torch.Tensor, reps: int) -> Dict[str, float]:
+    """GB/s of key-sketch bytes (codes + parameters) read by each sketch kind's scan of ``keys``
+    [B, Hkv, T, D] (bf16) for q [B, Hq, D]: the ``key_sketch`` variant's scan rate."""
+    try:
+        from hybridgen.attention.key_sketch import SKETCH_KINDS, KeySketch
+        from hybridgen.kv import TieredStore
+    except ImportError:
+        return {}
+    B, Hkv, T, D = keys.shape
+    if D % 8:
+        return {}
+    tier, out = TieredStore()["dram"], {}
+    scale = D ** -0.5
+    for kind in SKETCH_KINDS:
+        sk = KeySketch(tier, kind, B, Hkv, D, T, f"profile/{kind}")
+        sk.sync(keys)
+        out[kind] = _gbps(B * Hkv * T * sk.bytes_per_token, median_time(lambda: sk.scan(q, scale, 0, T), reps))
+        sk.release()
+    return out
 
 
 def measure_op_us(reps: int = 5) -> float:
@@ -328,6 +367,8 @@ def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
             "op_us": cpu["op_us"],
             "key_scan_pinned_gbps": cpu["key_scan_pinned_gbps"],
             "cpu_attention_pinned_gbps": cpu["cpu_attention_pinned_gbps"],
+            "key_sketch_gbps": cpu["key_sketch_gbps"],
+            "select_gbps": cpu["select_gbps"],
             "numa_nodes": [{"node": n["node"], "kind": n["kind"], "read_gbps": n.get("read_gbps"),
                             "capacity_gb": n.get("capacity_gb")} for n in nodes],
         },
@@ -365,7 +406,9 @@ def _summary(p: Dict[str, Any]) -> str:
     rows = [("host read GB/s per node", ", ".join(f"{n['node']}:{n['read_gbps']}" for n in h["numa_nodes"])),
             ("CPU attention GB/s", json.dumps(h["cpu_attention_gbps"])),
             ("key scan GB/s", json.dumps(h["key_scan_gbps"])),
+            ("key sketch scan GB/s", json.dumps(h.get("key_sketch_gbps") or {})),
             ("top-k GB/s", h["topk_gbps"]),
+            ("fused selection GB/s", h.get("select_gbps")),
             ("H2D pinned / pageable GB/s", f"{lk['h2d_pinned_gbps']} / {lk['h2d_pageable_gbps']}"),
             ("GPU HBM / attention GB/s", f"{g['hbm_gbps']} / {g['attention_gbps']}")]
     return "\n".join(f"  {k:30s} {v}" for k, v in rows)

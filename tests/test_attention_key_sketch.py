@@ -104,25 +104,29 @@ def test_oversampling_everything_selects_what_the_exact_scan_selects(kind):
 def test_rerank_keeps_the_best_exact_scores_and_ties_go_to_the_lower_token():
     cand = torch.tensor([[[2, 5, 9, 11]]])
     logits = torch.tensor([[[1.0, 3.0, 3.0, -1.0]]])
-    idx, sel = rerank(logits, cand, 2, "max", None)
+    idx, sel = rerank(logits, cand, 2, "max")
     assert sorted(idx.flatten().tolist()) == [5, 9] and sorted(sel.flatten().tolist()) == [3.0, 3.0]
-    idx, _ = rerank(torch.tensor([[[2.0, 2.0, 2.0, 2.0]]]), cand, 2, "max", None)
+    idx, _ = rerank(torch.tensor([[[2.0, 2.0, 2.0, 2.0]]]), cand, 2, "max")
     assert sorted(idx.flatten().tolist()) == [2, 5]
     # shared selection, 'max' group score: head 1 (small lse) wants token 11 most
     lg = torch.tensor([[[5.0, 4.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]])
-    lse = torch.tensor([[[6.0, 1.5]]])
-    idx, sel = rerank(lg, cand, 1, "max", lse)
-    assert idx.flatten().tolist() == [11] and sel.flatten().tolist() == [0.0, 1.0]
+    stats = torch.tensor([6.0, 1.0, 1.5, 1.0]).view(1, 1, 2, 2)  # one block per head: (max, sum exp) = its lse
+    scan = torch.cat([torch.full((1, 1, 2), 6.0), torch.full((1, 1, 2), 1.5)], 1) - torch.log(torch.tensor(2.0))
+    for lib in (native.lib(), None):
+        for st, sl in ((stats, None), (None, scan)):  # from the statistics, or from the scan's logits
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(native, "lib", lambda: lib)
+                idx, sel = rerank(lg, cand, 1, "max", sl, st)
+            assert idx.flatten().tolist() == [11] and sel.flatten().tolist() == [0.0, 1.0]
     # the same with the logsumexp corrected: head 0's scan saw token 2 at 9.0 (its lse then
     # ~9.05), exactly it is 5.0, so head 0's corrected lse is ~5.3 and token 2 wins again
     approx = torch.tensor([[[9.0, 4.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]])
-    scan_lse = torch.logsumexp(approx, dim=-1).view(1, 1, 2)
     for lib in (native.lib(), None):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(native, "lib", lambda: lib)
-            idx, _ = rerank(lg, cand, 1, "max", scan_lse, approx)
+            idx, _ = rerank(lg, cand, 1, "max", approx, None, approx)  # the scan saw just these 4 tokens
         assert idx.flatten().tolist() == [2]
-    idx, _ = rerank(lg, cand, 1, "sum", None)
+    idx, _ = rerank(lg, cand, 1, "sum")
     assert idx.flatten().tolist() == [2]
 
 

@@ -42,7 +42,7 @@ def test_fixed_per_layer_cost_grows_with_op_and_launch_costs():
 
 
 def test_work_after_the_wait_is_serial_not_inside_the_max():
-    c = ctx(key_scan_pinned_gbps={"bf16": 5000.0}, topk_gbps=5000.0, group_score_gbps=5000.0, op_us=0.0,
+    c = ctx(key_scan_pinned_gbps={"bf16": 5000.0}, topk_gbps=5000.0, group_score_gbps=5000.0, select_gbps=5000.0, op_us=0.0,
             dram_read_gbps=5000.0)
     lay = hg(c, gpu_budget=0.5, topk_ratio=0.01)
     br = lay.breakdown
@@ -78,7 +78,9 @@ def test_pinned_host_keys_scan_slower_and_are_the_default_with_a_gpu():
 
 
 def test_group_score_and_topk_rates_are_priced():
-    fast, slow_group, slow_topk = ctx(), ctx(group_score_gbps=0.5), ctx(topk_gbps=0.5)
+    """Without the fused selection's rate (torch's group score + top-k, as the probe's step)."""
+    fast, slow_group, slow_topk = ctx(select_gbps=None), ctx(group_score_gbps=0.5, select_gbps=None), \
+        ctx(topk_gbps=0.5, select_gbps=None)
     base = hg(fast)
     assert base.breakdown["group_score_s"] > 0
     assert hg(slow_group).attn > base.attn and hg(slow_topk).attn > base.attn
@@ -86,7 +88,7 @@ def test_group_score_and_topk_rates_are_priced():
     assert per_head.breakdown["group_score_s"] == 0.0         # per-head selection has no group score
     assert per_head.breakdown["topk_s"] == pytest.approx(4 * base.breakdown["topk_s"])  # Hq rows, not Hkv
     # without a group-score figure the top-k rate prices it
-    no_group = ctx(group_score_gbps=None, topk_gbps=1.0)
+    no_group = ctx(group_score_gbps=None, topk_gbps=1.0, select_gbps=None)
     assert hg(no_group).breakdown["group_score_s"] == pytest.approx(8 * 32 * round(0.9 * 32768) * 4 / 1e9)
 
 
@@ -112,3 +114,48 @@ def test_a_measured_row_gather_rate_slows_the_gathers():
     assert slow.breakdown["gather_s"] > base.breakdown["gather_s"]
     assert slow.breakdown["exact_logits_s"] > base.breakdown["exact_logits_s"]
     assert slow.attn > base.attn
+
+
+def test_hybridgen_key_sketch_prices_fewer_scanned_bytes_and_the_rerank():
+    """key_sketch: the scan reads sketch bytes at the measured sketch rate (else the key scan's
+    rate, flagged), and the branch pays the exact rows of ceil(oversample * k) candidates."""
+    import dataclasses
+
+    from hybridgen.attention.key_sketch import sketch_bytes_per_token
+    from hybridgen.hybrid import HybridGen
+    from hybridgen.perf import predict_step
+    from hybridgen.perf.profiles import load_profile
+    from hybridgen.perf.shapes import Workload
+
+    hw = load_profile("h200-host")
+    work = Workload(batch=8, context=32768, dtype="bf16")
+    base = HybridGen(topk_ratio=0.05)
+    exact = predict_step(base, "llama-3.1-8b", work, hw).breakdown
+    sk = predict_step(dataclasses.replace(base, key_sketch="int4"), "llama-3.1-8b", work, hw).breakdown
+    ratio = sketch_bytes_per_token("int4", 128) / (128 * 2)
+    assert sk["scanned_key_bytes"] == pytest.approx(exact["scanned_key_bytes"] * ratio)
+    assert sk["scan_s"] == pytest.approx(exact["scan_s"] * ratio, rel=1e-6)  # no sketch rate: the key scan's
+    assert sk["scan_rate_measured"] is False and exact["scan_rate_measured"] is True
+    assert exact["rerank_s"] == 0 and sk["rerank_s"] > 0
+    more = predict_step(dataclasses.replace(base, key_sketch="int4", sketch_oversample=2.0), "llama-3.1-8b", work,
+                        hw).breakdown
+    assert more["rerank_s"] > sk["rerank_s"]
+    fast = dataclasses.replace(hw, host=dataclasses.replace(hw.host, key_sketch_gbps={"int4": 1000.0}))
+    measured = predict_step(dataclasses.replace(base, key_sketch="int4"), "llama-3.1-8b", work, fast).breakdown
+    assert measured["scan_rate_measured"] is True and measured["scan_s"] < sk["scan_s"]
+
+
+def test_selection_is_priced_as_the_code_does_it():
+    """fused_select (the code's C selection) at host.select_gbps where the profile has it; the
+    probe's plain-torch step (fused_select False) and a profile without the rate price torch's
+    group score + top-k."""
+    fused = hg(ctx(select_gbps=50.0), topk_ratio=0.05)
+    torch_sel = hg(ctx(select_gbps=50.0), topk_ratio=0.05, fused_select=False)
+    missing = hg(ctx(select_gbps=None), topk_ratio=0.05)
+    assert fused.breakdown["fused_select"] and fused.breakdown["group_score_s"] == 0.0
+    c = ctx()
+    logit_bytes = c.B * c.Hq * c.split(0.1)[1] * 4
+    assert fused.breakdown["topk_s"] == pytest.approx(logit_bytes / 50e9)
+    for lay in (torch_sel, missing):
+        assert not lay.breakdown["fused_select"] and lay.breakdown["group_score_s"] > 0
+    assert torch_sel.breakdown["topk_s"] == pytest.approx(missing.breakdown["topk_s"])

@@ -37,13 +37,15 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
     res = json.loads(out.read_text())
     rows = res["rows"]
     assert {r["source"] for r in rows} == {"this-machine"}
-    assert {r["method"] for r in rows} == {"full", "hybrid-exact", "hybridgen", "flexgen-stream", "flexgen-cpu"}
+    assert {r["method"] for r in rows} == {"full", "hybrid-exact", "hybridgen", "hybridgen-sketch-int4", "flexgen-stream",
+                                           "flexgen-cpu"}
     for r in rows:
         assert {"name", "source", "predicted_s", "measured_s", "error_pct"} <= set(r)
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_s"] - r["measured_s"]) / r["measured_s"], abs=0.01)
     prof = pm.profile_from_dict(res["this_machine_profiles"][0])
     assert prof.measured and prof.host.op_us > 0 and prof.host.group_score_gbps > 0
+    assert set(prof.host.key_sketch_gbps) == {"int8", "int4"}  # the sketch scan is measured, not assumed
     assert "Performance model vs measurements" in md.read_text()
 
 

@@ -168,6 +168,12 @@ class CostContext:
             return host.key_scan_pinned_gbps[self.w.dtype_key]
         return self.rate(host.key_scan_gbps, host.dram_read_gbps)
 
+    def sketch_rate(self, kind: str) -> Tuple[float, bool]:
+        """(GB/s of key-sketch bytes the sketch scan reads, measured): host.key_sketch_gbps[kind],
+        else the pageable key scan's rate (an assumption: measured False)."""
+        got = self.hw.host.key_sketch_gbps.get(kind)
+        return (got, True) if got else (self.scan_rate(pinned=False), False)
+
     def cpu_attention_rate(self, pinned: Optional[bool] = None) -> float:
         """GB/s of CPU decode attention over the host KV (pinned table as in :meth:`scan_rate`)."""
         host = self.hw.host
@@ -184,6 +190,15 @@ class CostContext:
         else host.topk_gbps, else the read bandwidth)."""
         host = self.hw.host
         return logit_bytes / ((host.group_score_gbps or host.topk_gbps or host.dram_read_gbps) * 1e9)
+
+    def select_time(self, logit_bytes: float, score_bytes: float, per_head: bool) -> Tuple[float, float, bool]:
+        """(group score s, top-k s, fused) of a selection over logit_bytes of fp32 logits: the
+        code's fused C selection at host.select_gbps (all in the top-k term), else torch's group
+        score (shared selection only) + a top-k over score_bytes of scores (fused False)."""
+        host = self.hw.host
+        if host.select_gbps:
+            return 0.0, logit_bytes / (host.select_gbps * 1e9), True
+        return (0.0 if per_head else self.group_score_time(logit_bytes)), self.topk_time(score_bytes), False
 
     def rate(self, table: Dict[str, float], fallback: Optional[float]) -> float:
         """A host kernel's rate (GB/s) for the workload's dtype, bf16's, or ``fallback``."""

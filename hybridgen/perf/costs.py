@@ -73,6 +73,11 @@ SPLIT_HOST_OPS = 12       # the CPU partial attention: torch ops, each a thread 
 # logsumexp/where/max, top-k, logits at idx, gathers, staging) and ~20 launch GPU kernels
 HYBRIDGEN_HOST_OPS = 14
 HYBRIDGEN_GPU_KERNELS = 20
+# key_sketch adds 13 torch calls per layer to the CPU branch (a TorchFunctionMode around
+# host_branch + KeySketch.sync: 29 calls against 16 without the sketch), ~8 of them real
+# (the sync's front check, the scan's and re-rank's buffers, the candidates' gather) and the
+# rest views or no-op conversions
+SKETCH_HOST_OPS = 8
 # UVM demand paging (model assumptions, not measured here: UVM is never run, see uvm_cost):
 # fault-driven migration reaches a fraction of the pinned copy rate, and each batch of faults
 # (about 2 MiB of pages) pays a fault-handling latency on top
@@ -149,7 +154,8 @@ def cpu_attention_split_cost(c: CostContext, gpu_budget: Any, merge: bool = True
 def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head: bool = False,
                    pipelined: bool = True, mapping: Placement = "semantic", pinned: Optional[bool] = None,
                    staging_pinned: bool = True, serial: bool = False, host_ops: int = HYBRIDGEN_HOST_OPS,
-                   gpu_kernels: int = HYBRIDGEN_GPU_KERNELS) -> LayerCost:
+                   gpu_kernels: int = HYBRIDGEN_GPU_KERNELS, key_sketch: Optional[str] = None,
+                   oversample: float = 1.0, fused_select: bool = True) -> LayerCost:
     """HybridGen: CPU key scan + group score + top-k over the host keys, the selected rows'
     logits and V rows shipped to the GPU, ONE softmax with the GPU window after the wait.
 
@@ -158,23 +164,44 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     whenever a real GPU, as kv/tiers.py does); staging_pinned: the shipped rows leave from a
     pinned staging buffer (False: a pageable copy); serial: the CPU branch starts only when
     the GPU logits are done (a blocking q.to('cpu')); host_ops / gpu_kernels: the fixed ops
-    of the CPU branch / of the GPU work after the wait.
+    of the CPU branch / of the GPU work after the wait; key_sketch ('int8' / 'int4'): the scan
+    reads the sketch (:func:`~hybridgen.attention.key_sketch.sketch_bytes_per_token` per
+    (sequence, KV head, token), at :meth:`~hybridgen.perf.context.CostContext.sketch_rate`) and
+    the branch then reads ceil(oversample * k) exact key rows and re-ranks them, re-quantizes
+    the last block of the sketch, and pays SKETCH_HOST_OPS more host ops (``rerank_s``);
+    fused_select: the selection is the code's fused C pass (host.select_gbps where the profile
+    has it); False prices torch's group score + top-k (the H200 probe's plain-torch step).
     """
     hw = c.hw
     S_g, S_h = c.split(gpu_budget)
     key_tier, value_tier = c.tiers(mapping)
     k = min(S_h, math.ceil(topk_ratio * S_h)) if S_h else 0
     Hsel = c.Hq if per_head else c.Hkv
-    scan_rate = c.scan_rate(pinned)
-    scan = c.stream_time(c.B * S_h * c.key_tok, scan_rate, key_tier)
-    group = 0.0 if per_head else c.group_score_time(c.B * c.Hq * S_h * 4)
-    topk = c.topk_time(c.B * Hsel * S_h * 4)
     row = c.D * c.b
+    rerank = 0.0
+    if key_sketch:
+        from hybridgen.attention.key_sketch import SKETCH_BLOCK, sketch_bytes_per_token
+
+        scanned = c.B * S_h * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
+        scan_rate, rate_measured = c.sketch_rate(key_sketch)
+        kc = min(S_h, math.ceil(oversample * k))
+        rerank = c.gather_time(c.B * Hsel * kc, row, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
+        # each step re-quantizes the last (partial) block of every (sequence, KV head)
+        rerank += c.stream_time(c.B * min(S_h, SKETCH_BLOCK) * c.key_tok, c.scan_rate(pinned=False), key_tier)
+        host_ops += SKETCH_HOST_OPS
+    else:
+        scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
+    scan = c.stream_time(scanned, scan_rate, key_tier)
+    if fused_select:
+        group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)
+    else:
+        group = 0.0 if per_head else c.group_score_time(c.B * c.Hq * S_h * 4)
+        topk, fused = c.topk_time(c.B * Hsel * S_h * 4), False
     gather = c.gather_time(c.B * Hsel * k, row, value_tier)
     h2d_bytes = c.B * c.Hq * k * 4 + c.B * Hsel * k * row
     xfer = c.copy(h2d_bytes, pageable=not staging_pinned) if k else 0.0
     host_fixed = c.fixed(host_ops=host_ops) if S_h else 0.0
-    cpu = scan + group + topk + gather + host_fixed + xfer if S_h else 0.0
+    cpu = scan + group + topk + rerank + gather + host_fixed + xfer if S_h else 0.0
     exact = c.gather_time(c.B * Hsel * k, row, key_tier) + c.fixed(host_ops=1) if pipelined and k else 0.0
     gpu_pre = c.gpu_keys(S_g) if S_g else 0.0
     softmax = c.B * c.Hq * (S_g + k) * 4 * 2 / (hw.gpu.hbm_gbps * 1e9)
@@ -187,12 +214,13 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
         layer = max(cpu + exact, c.rest + gpu_pre + exact + after)
     return LayerCost(attn=attn, layer=layer, cpu=cpu + exact, gpu=c.rest + gpu_pre + after, transfer=xfer,
                      gpu_tokens=S_g, staging_tokens=2 * k * (Hsel / c.Hkv),
-                     breakdown={"scan_s": scan, "group_score_s": group, "topk_s": topk, "gather_s": gather,
+                     breakdown={"scan_s": scan, "group_score_s": group, "topk_s": topk, "rerank_s": rerank,
+                                "gather_s": gather, "scan_rate_measured": rate_measured, "fused_select": fused,
                                 "exact_logits_s": exact, "transfer_s": xfer, "gpu_pre_s": gpu_pre,
                                 "after_wait_s": after, "gpu_attn_s": gpu_pre + after, "rest_s": c.rest,
                                 "fixed_s": host_fixed + gpu_fixed, "scan_rate_gbps": scan_rate, "topk_tokens": k,
-                                "h2d_bytes": h2d_bytes, "scanned_key_bytes": c.B * S_h * c.key_tok},
-                     label="hybridgen")
+                                "h2d_bytes": h2d_bytes, "scanned_key_bytes": scanned},
+                     label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
 
 
 def infinigen_cost(c: CostContext, budget_ratio: float, partial_ratio: float,

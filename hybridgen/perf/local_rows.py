@@ -14,7 +14,8 @@
    profile's gpu / link sections are measured on the GPU instead (``measure_gpu``).
 2. Real per-layer decode runs (:func:`hybridgen.testing.MethodDriver`, seeded random
    q/k/v, no history) of ``full``, ``hybrid-exact``, ``hybridgen`` (top-k 5%, not
-   pipelined), FlexGen streaming and FlexGen CPU attention, 90% of the KV on the host, at
+   pipelined; also with ``key_sketch='int4'``), FlexGen streaming and FlexGen CPU attention,
+   90% of the KV on the host, at
    two shapes, each run right after a profile measurement; measured = the median step time /
    layers (the first, warm-up step with any kernel compilation excluded), predicted =
    ``predict_step(method, ...).attention_layer_s`` on the profile measured just before;
@@ -44,6 +45,8 @@ METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("full", "full", {}),
     ("hybrid-exact", "hybrid-exact", {"gpu_budget": GPU_BUDGET}),
     ("hybridgen", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False}),
+    ("hybridgen-sketch-int4", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False,
+                                            "key_sketch": "int4"}),
     ("flexgen-stream", "flexgen", {"gpu_budget": GPU_BUDGET}),
     ("flexgen-cpu", "flexgen", {"gpu_budget": GPU_BUDGET, "attention_on": "cpu"}),
 )
@@ -130,6 +133,7 @@ def measure_profile(shape: Optional[LocalShape] = None, dtype: str = "fp32", rep
             "gather_gbps": cpu["gather_gbps"],
             "key_scan_pinned_gbps": cpu["key_scan_pinned_gbps"],
             "cpu_attention_pinned_gbps": cpu["cpu_attention_pinned_gbps"],
+            "key_sketch_gbps": cpu["key_sketch_gbps"], "select_gbps": cpu["select_gbps"],
             "numa_nodes": [{"node": n["node"], "kind": n["kind"], "read_gbps": n.get("read_gbps"),
                             "capacity_gb": n.get("capacity_gb")} for n in nodes]}
     return {"name": "this-machine", "measured": True, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

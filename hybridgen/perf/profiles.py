@@ -79,7 +79,12 @@ class HostSpec:
     the top-k; group_score_gbps: bytes/s of fp32 logits reduced to one score per KV group
     (None: topk_gbps); op_us: fixed cost of one small host-side step of a split layer (one
     torch CPU op / pool hand-off, threads forked and joined), us; gather_gbps: bytes/s of rows
-    gathered at random token indices (None: the tier's read bandwidth).
+    gathered at random token indices (None: the tier's read bandwidth); key_sketch_gbps: bytes/s
+    of key-sketch codes + parameters read by the sketch scan, keyed by kind ('int8', 'int4';
+    empty: the key scan's bytes/s, an assumption the cost's breakdown names); select_gbps:
+    bytes/s of fp32 logits through the code's fused selection (group score + top-k in one C
+    pass, ``cpu_scan.select``; None: the group score and top-k rates, which describe torch's
+    ``group_scores`` + ``topk``).
     """
 
     cpu: Optional[str]
@@ -95,6 +100,8 @@ class HostSpec:
     group_score_gbps: Optional[float] = None
     op_us: Optional[float] = None
     gather_gbps: Optional[float] = None
+    key_sketch_gbps: Dict[str, float] = field(default_factory=dict)
+    select_gbps: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +252,8 @@ def profile_from_dict(raw: Dict[str, Any], where: str = "profile") -> HardwarePr
             raise ConfigError(f"{where}: {path} has no entry in 'sources'; cite where the figure comes from")
     host = dict(sections["host"])
     host.setdefault("numa_nodes", [])
-    for key in ("cpu_attention_gbps", "key_scan_gbps", "key_scan_pinned_gbps", "cpu_attention_pinned_gbps"):
+    for key in ("cpu_attention_gbps", "key_scan_gbps", "key_scan_pinned_gbps", "cpu_attention_pinned_gbps",
+                "key_sketch_gbps"):
         host[key] = dict(host.get(key) or {})
     nodes = [NodeSpec(**n) for n in host["numa_nodes"]]
     cxl = CXLSpec(**cxl_raw) if cxl_raw is not None else None
