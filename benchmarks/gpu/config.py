@@ -11,7 +11,7 @@ import torch
 
 from hybridgen.methods import KVMethod, build_method, method_parameters
 
-METHODS = ("full", "hybrid-exact", "hybridgen", "flexgen-stream", "flexgen-cpu")
+METHODS = ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch", "flexgen-stream", "flexgen-cpu")
 HOST_METHODS = METHODS[1:]
 Emit = Callable[[Dict[str, Any]], None]
 
@@ -134,10 +134,12 @@ def method_params(name: str, share: float, topk_ratio: Optional[float]) -> Tuple
         return "full", {}
     if name == "hybrid-exact":
         return "hybrid-exact", {"gpu_budget": gpu_budget}
-    if name == "hybridgen":
+    if name in ("hybridgen", "hybridgen-sketch"):  # -sketch: the int4 key sketch (key_sketch.py)
         params: Dict[str, Any] = {"gpu_budget": gpu_budget}
         if topk_ratio is not None:
             params["topk_ratio"] = topk_ratio
+        if name == "hybridgen-sketch":
+            params["key_sketch"] = "int4"
         return "hybridgen", params
     if name in ("flexgen-stream", "flexgen-cpu"):
         return "flexgen", {"gpu_budget": gpu_budget, "attention_on": "gpu" if name == "flexgen-stream" else "cpu"}
