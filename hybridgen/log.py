@@ -68,9 +68,15 @@ class _StderrHandler(logging.StreamHandler):
 def setup(level: Union[None, str, int] = None) -> int:
     """Send our loggers' messages to stderr at ``level`` (None: ``$HYBRIDGEN_LOG_LEVEL``, else info).
 
-    Safe to call more than once (one handler per logger; the last level wins). Returns the level.
+    Safe to call more than once (one handler per logger; the last level wins). Our loggers and
+    their children are enabled again: a ``logging.config.dictConfig`` with
+    ``disable_existing_loggers`` (Hydra's ``hydra_logging: disabled`` has it) switches off every
+    logger that existed before it. Returns the level.
     """
     n = parse_level(level if level is not None else os.environ.get(ENV, "info"))
+    for name, lg in list(logging.root.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger) and any(name == r or name.startswith(r + ".") for r in NAMES):
+            lg.disabled = False
     for name in NAMES:
         lg = logging.getLogger(name)
         lg.setLevel(n)

@@ -49,6 +49,19 @@ def test_quiet_hides_info_and_bars_info_shows_them(restore, capsys):
     assert len([h for h in logging.getLogger(log.ROOT).handlers if getattr(h, log._HANDLER_FLAG, False)]) == 1
 
 
+def test_setup_enables_loggers_a_dict_config_switched_off(restore, capsys):
+    """Hydra's hydra_logging=disabled runs dictConfig(disable_existing_loggers=True), which turns
+    off every logger created before it (our modules' loggers exist from import on)."""
+    import logging.config
+
+    child = logging.getLogger("hybridgen.data.prepare")
+    logging.config.dictConfig({"version": 1, "root": {"level": "ERROR"}, "disable_existing_loggers": True})
+    assert child.disabled
+    log.setup("info")
+    child.info("after the dict config")
+    assert "after the dict config" in capsys.readouterr().err
+
+
 def test_prefill_bar_on_long_prompts_follows_verbosity(restore, tmp_path, capsys):
     from tests._tiny_llama import tiny_llama
 

@@ -7,8 +7,8 @@ the (batch, head) blocks ``capacity`` rows apart; read in place, never copied); 
 
 Kernels (``backend``):
 - ``native`` (the default where it builds): the C kernels of
-  :mod:`hybridgen.attention.native` (``native_scan.c``, compiled on first use, AVX2+FMA on
-  x86-64). Lanes run over D; NT tokens per iteration with G*NT vector accumulators (G query
+  :mod:`hybridgen.attention.native` (``csrc/scan_exact.c``, compiled on first use, AVX2+FMA
+  on x86-64). Lanes run over D; NT tokens per iteration with G*NT vector accumulators (G query
   heads of a group against one read of each key, each bf16 key vector widened once by a
   shift / mask of its 32-bit words), horizontal sums of 8 accumulators at once, software
   prefetch ahead of the stream, fp32 accumulation (``exact=True``). The scan also writes
@@ -32,11 +32,10 @@ scanned by ``torch``.
   the flattened (row, D) buffer, either writing straight into a pinned staging buffer.
 
 Choice (``auto``): native, else numba, else torch. Measured with
-``benchmarks/bench_cpu_scan.py`` and an interleaved probe on the shared 2-core development VM
-(Llama-3.1-8B layer, bf16 keys, 1 thread): in cache, native 11.3 GB/s of key bytes vs
-numba 9.9 vs torch's bf16 matmul ~1-3 (this CPU has no bf16 dot-product instructions);
-cold (537 MB per copy, batch 8 x 32K tokens), native 5.6 vs numba 5.6 vs torch ~0.9
-(results/cpu_scan/README.md). Re-run it on the target host.
+``benchmarks/bench_cpu_scan.py`` on the shared 2-core development VM (Llama-3.1-8B layer,
+bf16 keys, batch 8 x 32K tokens, cold): native and numba within noise of each other
+(0.4-0.7 of plain read), torch's bf16 matmul 0.16-0.26 (results/cpu_scan/README.md).
+Re-run it on the target host.
 
 Shared (per KV group) selection scores a token by the max over the group's heads of its
 host-normalised log-probability (logit - logsumexp over the host tokens of that head): a

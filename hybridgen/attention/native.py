@@ -1,7 +1,7 @@
 """The C kernels of the CPU branch (``csrc/*.c``), compiled on first use, called through ctypes.
 
-On first use the C sources beside this module (``csrc/``) are compiled with the system C
-compiler (``$CC``, else ``cc``/``gcc``; ``-O3 -shared -fPIC``) into one shared object in
+On first use the C sources beside this module (``csrc/``, as read when this module was
+imported) are compiled with the system C compiler (``$CC``, else ``cc``/``gcc``; ``-O3 -shared -fPIC``) into one shared object in
 ``$HYBRIDGEN_CACHE/native/`` (default ``~/.cache/hybridgen/native``), named by a hash of the
 sources, the compiler's version and the machine, and loaded with ctypes, which releases the
 GIL during each call: :meth:`hybridgen.attention.cpu_pool.CPUAttentionPool.run_split`
@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hybridgen.runtime import CPU_ISA_LEVELS, cpu_isa_cap
 
@@ -61,8 +61,15 @@ def cache_dir() -> Path:
 
 
 def sources() -> List[Path]:
-    """The C sources compiled into the kernels' shared object (``csrc/*.c`` and its header)."""
+    """The C sources compiled into the kernels' shared object (``csrc/*.c``; with ``csrc/*.h``
+    they are read once, when this module is imported: see :data:`_SNAPSHOT`)."""
     return sorted(_SRC_DIR.glob("*.c"))
+
+
+#: the sources as they were when this module was imported: a build compiles these, so the
+#: shared object always matches the signatures above, even when the files change under a
+#: running process (a long sweep while the kernels are edited)
+_SNAPSHOT: Dict[str, bytes] = {p.name: p.read_bytes() for p in [*sources(), *sorted(_SRC_DIR.glob("*.h"))]}
 
 
 def _compiler() -> Optional[str]:
@@ -77,8 +84,8 @@ def _build(cc: str, extra: Tuple[str, ...] = ()) -> Path:
     flags = [*_FLAGS, *extra]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256()
-    for path in [*sources(), *sorted(_SRC_DIR.glob("*.h"))]:
-        digest.update(path.name.encode() + path.read_bytes())
+    for name, text in _SNAPSHOT.items():
+        digest.update(name.encode() + text)
     digest.update(version.encode() + " ".join(flags).encode() + platform.machine().encode())
     out = cache_dir() / f"hg_cpu_{digest.hexdigest()[:16]}.so"
     if out.exists():
@@ -86,8 +93,10 @@ def _build(cc: str, extra: Tuple[str, ...] = ()) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         so = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, "-o", str(so), *map(str, sources()), "-lm"], capture_output=True,
-                             text=True, timeout=300)
+        for name, text in _SNAPSHOT.items():
+            (Path(tmp) / name).write_bytes(text)
+        srcs = [str(Path(tmp) / name) for name in _SNAPSHOT if name.endswith(".c")]
+        res = subprocess.run([cc, *flags, "-o", str(so), *srcs, "-lm"], capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-500:]}")
         os.replace(so, out)  # atomic: concurrent first uses agree on one file

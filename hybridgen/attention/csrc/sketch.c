@@ -253,6 +253,15 @@ static void tile_logits_c(const uint8_t *tile, int64_t bits, const int8_t *q8, i
         }
 }
 
+/* The logits of the tokens [s0, s1) of one block (ob[g*T + t], absolute t): its tiles in turn */
+static void tiles_c(const uint8_t *cb, int64_t TB, int64_t s0, int64_t s1, int64_t bits, const int8_t *q8, int64_t G,
+                    int64_t D, const float *a, const float *c, float *ob, int64_t T) {
+    for (int64_t i = s0 / TILE; i * TILE < s1; i++) {
+        int64_t n0 = s0 > i * TILE ? s0 - i * TILE : 0, n1 = s1 < i * TILE + TILE ? s1 - i * TILE : TILE;
+        tile_logits_c(cb + i * TB, bits, q8, G, D, a, c, ob + i * TILE, T, n0, n1);
+    }
+}
+
 #ifdef HG_X86
 static inline int32_t quad(const int8_t *q) {
     int32_t v;
@@ -260,10 +269,17 @@ static inline int32_t quad(const int8_t *q) {
     return v;
 }
 
-/* tile_logits_c with 16 tokens per vector, G (compile-time) accumulators, a masked store */
+/* tiles_c with 16 tokens per vector, G (compile-time) accumulators, masked stores */
 #define DOTS512(G_)                                                                                  \
-    AVX512 static void dots512_g##G_(const uint8_t *tile, int64_t bits, const int8_t *q8, int64_t D,   \
-                                     const float *a, const float *c, float *o, int64_t T, int64_t n0, int64_t n1) { \
+    AVX512 static void dots512_g##G_(const uint8_t *cb, int64_t TB, int64_t s0, int64_t s1, int64_t bits,  \
+                                     const int8_t *q8, int64_t D, const float *a, const float *c, float *ob, \
+                                     int64_t T) {                                                    \
+      __m512 av[G_], cv[G_];                                                                         \
+      for (int g = 0; g < G_; g++) { av[g] = _mm512_set1_ps(a[g]); cv[g] = _mm512_set1_ps(c[g]); }  \
+      for (int64_t i = s0 / TILE; i * TILE < s1; i++) {                                              \
+        const uint8_t *tile = cb + i * TB;                                                           \
+        int64_t n0 = s0 > i * TILE ? s0 - i * TILE : 0, n1 = s1 < i * TILE + TILE ? s1 - i * TILE : TILE; \
+        prefetch_bytes(tile + 4 * TB, TB);                                                           \
         __m512i acc[G_];                                                                             \
         for (int g = 0; g < G_; g++) acc[g] = _mm512_setzero_si512();                                \
         if (bits == 8) {                                                                             \
@@ -285,16 +301,23 @@ static inline int32_t quad(const int8_t *q) {
         }                                                                                            \
         __mmask16 keep = (__mmask16)(((1u << n1) - 1u) & ~((1u << n0) - 1u));                      \
         for (int g = 0; g < G_; g++)                                                                 \
-            _mm512_mask_storeu_ps(o + g * T, keep, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[g]),     \
-                                  _mm512_set1_ps(a[g]), _mm512_set1_ps(c[g])));                     \
+            _mm512_mask_storeu_ps(ob + i * TILE + g * T, keep,                                       \
+                                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[g]), av[g], cv[g]));        \
+      }                                                                                              \
     }
 
-/* tile_logits_c with 8 tokens per vector (two halves of a tile), G (compile-time) accumulators
- * per half; u8 x s8 through vpmaddubsw (int16 pair sums, at most 2*15*127 with nibbles) +
- * vpmaddwd; a masked store. */
+/* tiles_c with 8 tokens per vector (two halves of a tile), G (compile-time) accumulators per
+ * half; u8 x s8 through vpmaddubsw (int16 pair sums, at most 2*15*127 with nibbles) +
+ * vpmaddwd; masked stores. */
 #define DOTS256(G_)                                                                                  \
-    AVX2 static void dots256_g##G_(const uint8_t *tile, int64_t bits, const int8_t *q8, int64_t D,     \
-                                   const float *a, const float *c, float *o, int64_t T, int64_t n0, int64_t n1) { \
+    AVX2 static void dots256_g##G_(const uint8_t *cb, int64_t TB, int64_t s0, int64_t s1, int64_t bits,    \
+                                   const int8_t *q8, int64_t D, const float *a, const float *c, float *ob, \
+                                   int64_t T) {                                                      \
+      for (int64_t i = s0 / TILE; i * TILE < s1; i++) {                                              \
+        const uint8_t *tile = cb + i * TB;                                                           \
+        int64_t n0 = s0 > i * TILE ? s0 - i * TILE : 0, n1 = s1 < i * TILE + TILE ? s1 - i * TILE : TILE; \
+        float *o = ob + i * TILE;                                                                    \
+        prefetch_bytes(tile + 4 * TB, TB);                                                           \
         const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16); \
         for (int h = 0; h < 2; h++) {                                                                \
             __m256i acc[G_];                                                                         \
@@ -328,12 +351,13 @@ static inline int32_t quad(const int8_t *q) {
                 _mm256_maskstore_ps(o + g * T + h * 8, keep, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[g]), \
                                     _mm256_set1_ps(a[g]), _mm256_set1_ps(c[g])));                   \
         }                                                                                            \
+      }                                                                                              \
     }
 #define EVERY_G(M) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8)
 EVERY_G(DOTS512)
 EVERY_G(DOTS256)
-typedef void (*dots_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, const float *, const float *, float *,
-                        int64_t, int64_t, int64_t);
+typedef void (*dots_fn)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const int8_t *, int64_t, const float *,
+                        const float *, float *, int64_t);
 static const dots_fn dots512[9] = {0, dots512_g1, dots512_g2, dots512_g3, dots512_g4,
                                    dots512_g5, dots512_g6, dots512_g7, dots512_g8};
 static const dots_fn dots256[9] = {0, dots256_g1, dots256_g2, dots256_g3, dots256_g4,
@@ -363,17 +387,12 @@ HG_API void hg_sketch_scan(const float *q, const uint8_t *codes, int64_t ntiles,
         for (int64_t sb = a0 / sblock; sb * sblock < a1; sb++) {
             int64_t s0 = sb * sblock > a0 ? sb * sblock : a0, s1 = sb * sblock + sblock < a1 ? sb * sblock + sblock : a1;
             block_query(qb, params + (bh * nsb + sb) * 2 * D, G, D, scale, q8, a, c);
-            for (int64_t i = s0 / TILE; i * TILE < s1; i++) {
-                const uint8_t *tile = cb + i * TB;
-                int64_t n0 = s0 > i * TILE ? s0 - i * TILE : 0, n1 = s1 < i * TILE + TILE ? s1 - i * TILE : TILE;
-                prefetch_bytes(tile + 4 * TB, TB);
 #ifdef HG_X86
-                if (isa >= HG_ISA_AVX512) dots512[G](tile, bits, q8, D, a, c, ob + i * TILE, T, n0, n1);
-                else if (isa >= HG_ISA_AVX2) dots256[G](tile, bits, q8, D, a, c, ob + i * TILE, T, n0, n1);
-                else
+            if (isa >= HG_ISA_AVX512) dots512[G](cb, TB, s0, s1, bits, q8, D, a, c, ob, T);
+            else if (isa >= HG_ISA_AVX2) dots256[G](cb, TB, s0, s1, bits, q8, D, a, c, ob, T);
+            else
 #endif
-                    tile_logits_c(tile, bits, q8, G, D, a, c, ob + i * TILE, T, n0, n1);
-            }
+                tiles_c(cb, TB, s0, s1, bits, q8, G, D, a, c, ob, T);
         }
         STATS_AFTER_JOB(job);
     }
