@@ -9,7 +9,8 @@ tokens per (batch, KV head), ranked by :func:`~hybridgen.attention.cpu_scan.grou
 
 Steps: (1) scan: exact logits of every host key (``backend``), or, with a
 :class:`~hybridgen.attention.key_sketch.KeySketch`, approximate logits from the sketch's
-int8/int4 codes (fewer bytes per key); (2) selection:
+int8/int4 codes (fewer bytes per key; the keys' last partial block, which the sketch does
+not hold yet, exactly: :func:`sketch_scan`); (2) selection:
 :func:`~hybridgen.attention.cpu_scan.select` (group score + partial top-k + the selected
 logits in one pass per row); (3) with a sketch, the selected rows' logits are recomputed
 exactly from the full-precision keys (:func:`~hybridgen.attention.cpu_scan.exact_logits_at`,
@@ -100,7 +101,7 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     buf = scratch_logits(B * Hq * T)
     t0 = time.perf_counter()
     if sketch is not None:
-        logits, stats = sketch.scan_stats(q, scale, sketch_offset, sketch_offset + T, out=buf, pool=pool)
+        logits, stats = sketch_scan(q, keys, scale, sketch, sketch_offset, buf, backend, pool)
         if mask is not None:
             G = Hq // Hkv
             logits.view(B, Hkv, G, T).masked_fill_(~mask.expand(B, Hkv, T)[:, :, None, :], NEG_INF)
@@ -125,6 +126,27 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     t4 = time.perf_counter()
     return HostSelection(idx, sel_logits, v_rows, k_rows, sel_mask, exact, t1 - t0, t2 - t1, t4 - t3,
                          recompute_s=t3 - t2)
+
+
+def sketch_scan(q: Tensor, keys: Tensor, scale: float, sketch: KeySketch, offset: int, buf: Tensor, backend: str,
+                pool: Optional[CPUAttentionPool]) -> Tuple[Tensor, Optional[Tensor]]:
+    """Selection logits of ``keys`` [B, Hkv, T, D] (tokens ``offset`` onwards of the sketch's
+    segment) into ``buf`` (B*Hq*T floats): the sketch's tokens from its codes, the tail it does
+    not hold yet (the last, partial block) from the keys, exactly. Returns (logits [B, Hq, T],
+    block statistics [B*Hkv, blocks, G, 2] of both parts, or None)."""
+    B, Hq = q.shape[0], q.shape[1]
+    T = keys.shape[2]
+    ts = max(0, min(T, sketch.length - offset))  # tokens the sketch holds
+    logits = buf.view(B, Hq, T)
+    stats = None
+    if ts:
+        _, stats = sketch.scan_stats(q, scale, offset, offset + ts, out=buf, pool=pool, row=T)
+    if ts < T:
+        tail, _, tail_stats = scan_logits_stats(q, keys[:, :, ts:], scale, None, backend, pool=pool)
+        logits[:, :, ts:] = tail
+        stats = None if (ts and stats is None) or tail_stats is None else (
+            tail_stats if stats is None else torch.cat([stats, tail_stats], dim=1))
+    return logits, stats
 
 
 def masked_heads(logits: Tensor, sel_mask: Optional[Tensor]) -> Tensor:

@@ -45,10 +45,12 @@ def test_exact_sketch_selects_what_the_exact_scan_selects(kind, G, D, T, per_hea
     sk = KeySketch(store["dram"], kind, B, H, D, T + 5, "layer0/host/sketch")
     sk.sync(keys)
     q = _exact_query(B, H * G, D, gen)
+    n = sk.length  # the whole blocks; host_branch scans the rest exactly
+    assert n == T // SKETCH_BLOCK * SKETCH_BLOCK
     for scale in (1.0, 0.125):
-        lg_s = sk.scan(q, scale, 0, T)
+        lg_s = sk.scan(q, scale, 0, n)
         lg_e, _ = cs.scan_logits(q, keys, scale, None, "auto")
-        assert torch.equal(lg_s, lg_e)
+        assert torch.equal(lg_s, lg_e[:, :, :n])
         a = host_branch(q, keys, vals, scale, 23, per_head, group_score=how)
         b = host_branch(q, keys, vals, scale, 23, per_head, group_score=how, sketch=sk)
         assert torch.equal(a.idx.sort(-1).values, b.idx.sort(-1).values)
@@ -71,8 +73,8 @@ def test_sketch_scan_offset_and_mask(kind):
     sk = KeySketch(store["dram"], kind, B, H, D, T, "l/sketch")
     sk.sync(keys)
     q = _exact_query(B, H * G, D, gen)
-    lg_s = sk.scan(q, 0.5, lo, T)
-    lg_e, _ = cs.scan_logits(q, keys[:, :, lo:], 0.5, None, "auto")
+    lg_s = sk.scan(q, 0.5, lo, sk.length)
+    lg_e, _ = cs.scan_logits(q, keys[:, :, lo:sk.length], 0.5, None, "auto")
     assert torch.equal(lg_s, lg_e)
     mask = torch.rand(B, H, T - lo, generator=gen) > 0.3
     for over in (1.0, 3.0):  # 27 candidates for 9: masked ones must never win the re-rank
@@ -155,12 +157,13 @@ def test_sketch_logits_close_to_exact_on_random_keys(kind, tol):
     sk = KeySketch(store["dram"], kind, B, H, D, T, "l/sketch")
     sk.sync(keys)
     q = torch.randn(B, H * G, D, generator=gen)
-    ref = (q.double().view(B, H, G, D) @ keys.double().transpose(-1, -2)).view(B, H * G, T)
-    err = (sk.scan(q, 1.0, 0, T).double() - ref).abs().max() / ref.abs().max()
+    n = sk.length
+    ref = (q.double().view(B, H, G, D) @ keys[:, :, :n].double().transpose(-1, -2)).view(B, H * G, n)
+    err = (sk.scan(q, 1.0, 0, n).double() - ref).abs().max() / ref.abs().max()
     assert float(err) < tol
     # the codes themselves: within half a step of every key
-    step = sk.params[:, :, :, 0].repeat_interleave(SKETCH_BLOCK, dim=2)[:, :, :T]
-    assert bool(((sk.dequantized(0, T) - keys.float()).abs() <= step / 2 + 1e-6).all())
+    step = sk.params[:, :, :, 0].repeat_interleave(SKETCH_BLOCK, dim=2)[:, :, :n]
+    assert bool(((sk.dequantized(0, n) - keys[:, :, :n].float()).abs() <= step / 2 + 1e-6).all())
 
 
 @pytest.mark.parametrize("kind,floor,floor_over", [("int8", 0.97, 0.99), ("int4", 0.85, 0.95)])
@@ -214,8 +217,8 @@ def test_sync_follows_appends_and_rebuilds_after_compaction():
         fresh.release()
         fresh = KeySketch(store["dram"], "int8", B, H, D, 300, "fresh")
         fresh.sync(seg.k)
-        assert sk.length == seg.length
-        tiles, blocks = -(-seg.length // TILE), -(-seg.length // SKETCH_BLOCK)
+        assert sk.length == seg.length // SKETCH_BLOCK * SKETCH_BLOCK  # whole blocks only
+        tiles, blocks = sk.length // TILE, sk.length // SKETCH_BLOCK
         assert torch.equal(sk.codes[:, :, :tiles], fresh.codes[:, :, :tiles])
         assert torch.equal(sk.params[:, :, :blocks], fresh.params[:, :, :blocks])
     seg.pop_front(50)  # same buffer, the front moved: rebuilt even once it has grown back
@@ -224,8 +227,8 @@ def test_sync_follows_appends_and_rebuilds_after_compaction():
     sk.sync(seg.k)
     full = KeySketch(store["dram"], "int8", B, H, D, 300, "full")
     full.sync(seg.k)
-    tiles = -(-seg.length // TILE)
-    assert torch.equal(sk.codes[:, :, :tiles], full.codes[:, :, :tiles])
+    tiles = sk.length // TILE
+    assert sk.length == full.length and torch.equal(sk.codes[:, :, :tiles], full.codes[:, :, :tiles])
 
 
 def test_sketch_memory_is_ledger_counted_and_released():
@@ -267,11 +270,11 @@ def test_torch_fallback_matches_native(monkeypatch):
         for src in (keys, keys.float()):
             sk = KeySketch(TieredStore()["dram"], kind, B, H, D, T + 9, "s")
             sk.sync(src)
-            a = sk.scan(q, 0.3, 3, T)
+            a = sk.scan(q, 0.3, 3, sk.length)
             monkeypatch.setattr(native, "lib", lambda: None)
             ref = KeySketch(TieredStore()["dram"], kind, B, H, D, T + 9, "s")
             ref.sync(src)  # torch quantization: the same codes and parameters as the C kernel
-            b = sk.scan(q, 0.3, 3, T)
+            b = sk.scan(q, 0.3, 3, sk.length)
             monkeypatch.undo()
             tiles = -(-T // TILE)
             assert torch.equal(sk.codes[:, :, :tiles], ref.codes[:, :, :tiles]) and torch.equal(sk.params, ref.params)
@@ -305,7 +308,7 @@ def test_every_instruction_set_level_gives_the_same_numbers(monkeypatch, every_l
             s.sync(keys)
         exact, _ = cs.scan_logits(q, keys, 0.2, None, "native")
         sel = host_branch(q, keys, vals, 0.2, 31, False, sketch=sk["int4"], oversample=1.5)
-        return {k: (s.codes.clone(), s.params.clone(), s.scan(q, 0.2, 5, T)) for k, s in sk.items()}, exact, sel
+        return {k: (s.codes.clone(), s.params.clone(), s.scan(q, 0.2, 5, s.length)) for k, s in sk.items()}, exact, sel
 
     results = {}
     for level in every_level:
@@ -331,3 +334,27 @@ def test_isa_cap_from_the_environment(monkeypatch):
         runtime.apply()
     monkeypatch.setenv("HYBRIDGEN_CPU_ISA", "AVX2")
     assert runtime.cpu_isa_cap() == 1
+
+
+def test_a_decode_step_quantizes_nothing_until_its_block_fills(monkeypatch):
+    """The sketch holds whole blocks; a step's new token lands in the keys' partial block, which
+    the branch scans exactly: no quantization per step, one block's worth when a block fills."""
+    gen = torch.Generator().manual_seed(12)
+    B, H, G, D = 1, 2, 2, 32
+    store = TieredStore()
+    seg = KVSegment(store["dram"], B, H, D, torch.bfloat16, "l/host", capacity=400)
+    seg.append(torch.randn(B, H, SKETCH_BLOCK + 120, D, generator=gen).to(torch.bfloat16),
+               torch.zeros(B, H, SKETCH_BLOCK + 120, D).to(torch.bfloat16))
+    sk = KeySketch(store["dram"], "int4", B, H, D, 400, "s")
+    sk.sync(seg.k)
+    calls = []
+    orig = KeySketch._quantize
+    monkeypatch.setattr(KeySketch, "_quantize", lambda self, k, t0, t1: calls.append((t0, t1)) or orig(self, k, t0, t1))
+    q = torch.randn(B, H * G, D, generator=gen)
+    for step in range(9):  # 120 -> 129 tokens in the second block
+        seg.append(torch.randn(B, H, 1, D, generator=gen).to(torch.bfloat16), torch.zeros(B, H, 1, D).to(torch.bfloat16))
+        sk.sync(seg.k)
+        sel = host_branch(q, seg.k, seg.v, 0.2, 40, False, sketch=sk, oversample=float(seg.length))  # every token
+        ref = host_branch(q, seg.k, seg.v, 0.2, 40, False)
+        assert torch.equal(sel.idx.sort(-1).values, ref.idx.sort(-1).values)
+    assert calls == [(SKETCH_BLOCK, 2 * SKETCH_BLOCK)]  # once, when the second block filled

@@ -92,7 +92,7 @@ class KeySketch:
         self.codes: Optional[Tensor] = None
         self.params: Optional[Tensor] = None
         self.capacity = 0
-        self.length = 0  # tokens quantized (the last block may be partial)
+        self.length = 0  # tokens quantized: whole blocks only (the keys' last, partial block is not)
         self._src: Tuple[int, int] = (0, 0)  # (data_ptr, capacity stride) of the keys last synced
         self._head: Optional[Tensor] = None  # their token 0 [B, Hkv, D]
         self._alloc(max(int(capacity), 1))
@@ -132,9 +132,11 @@ class KeySketch:
     def sync(self, keys: Tensor) -> None:
         """Bring the sketch up to date with ``keys`` [B, Hkv, T, D] (a segment view from token 0).
 
-        Appended tokens cost re-quantizing the blocks from the last partial one; keys that
-        moved, shrank, changed their first token (``pop_front``) or outgrew the sketch are
-        re-quantized whole.
+        The sketch holds the keys' whole blocks only, tokens [0, T // SKETCH_BLOCK *
+        SKETCH_BLOCK): a decode step's appended token lands in the last, partial block, which
+        the CPU branch scans exactly (:func:`hybridgen.host_branch.host_branch`), so a step
+        costs no quantization until its block fills. Keys that moved, shrank, changed their
+        first token (``pop_front``) or outgrew the sketch are re-quantized whole.
         """
         B, H, T, D = keys.shape
         if (B, H, D) != (self.B, self.H, self.D):
@@ -147,11 +149,10 @@ class KeySketch:
         if src != self._src or T < self.length or (self.length and not torch.equal(head, self._head)):
             self.length = 0
         self._src, self._head = src, head
-        if T == self.length:
-            return
-        b0 = self.length // SKETCH_BLOCK
-        self._quantize(keys, b0 * SKETCH_BLOCK, T)
-        self.length = T
+        whole = T // SKETCH_BLOCK * SKETCH_BLOCK
+        if whole > self.length:
+            self._quantize(keys, self.length, whole)
+            self.length = whole
 
     def _quantize(self, keys: Tensor, t0: int, t1: int, chunk_blocks: int = 64) -> None:
         """Quantize tokens [t0, t1) (t0 block-aligned): the C kernel (``hg_sketch_quantize``, one
@@ -219,16 +220,18 @@ class KeySketch:
 
     # ------------------------------------------------------------------ scan
     def scan(self, q: Tensor, scale: float, lo: int, hi: int, out: Optional[Tensor] = None,
-             pool: Optional[CPUAttentionPool] = None) -> Tensor:
+             pool: Optional[CPUAttentionPool] = None, row: Optional[int] = None) -> Tensor:
         """Approximate logits of every query head against the sketch's tokens [lo, hi).
 
         q [B, Hq, D] or [B, Hq, 1, D] (Hq = G * Hkv); out: optional float32 buffer with
-        B*Hq*(hi-lo) elements. Returns [B, Hq, hi - lo] float32 (for ranking only).
+        B*Hq*row elements, rows of ``row`` >= hi - lo elements (default hi - lo). Returns
+        [B, Hq, hi - lo] float32 (for ranking only; a view of ``out`` when given).
         """
-        return self.scan_stats(q, scale, lo, hi, out, pool)[0]
+        return self.scan_stats(q, scale, lo, hi, out, pool, row)[0]
 
     def scan_stats(self, q: Tensor, scale: float, lo: int, hi: int, out: Optional[Tensor] = None,
-                   pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                   pool: Optional[CPUAttentionPool] = None,
+                   row: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """:meth:`scan` plus the per-block softmax statistics of the C kernel
         ([B*Hkv, ceil((hi-lo) / SCAN_BLOCK), G, 2], as
         :func:`hybridgen.attention.cpu_scan.scan_logits_stats`), None on the torch fallback."""
@@ -237,9 +240,12 @@ class KeySketch:
         B, Hq, D = q.shape
         H, T = self.H, hi - lo
         G = Hq // H
-        if hi > self.length or lo < 0:
-            raise ConfigError(f"key sketch holds {self.length} tokens, asked for [{lo}, {hi}); call sync() first")
-        res = out.view(B * H, G, T) if out is not None else torch.empty(B * H, G, T, dtype=torch.float32)
+        row = T if row is None else row
+        if hi > self.length or lo < 0 or row < T:
+            raise ConfigError(f"key sketch holds {self.length} tokens, asked for [{lo}, {hi}) into rows of {row}; "
+                              f"call sync() first")
+        full = out.view(B * H, G, row) if out is not None else torch.empty(B * H, G, row, dtype=torch.float32)
+        res = full[:, :, :T]
         if T == 0:
             return res.view(B, Hq, T), None
         qg = q.float().reshape(B * H, G, D).contiguous()
@@ -251,7 +257,7 @@ class KeySketch:
         stats = torch.empty(B * H, nblk, G, 2, dtype=torch.float32)
         (pool or default_pool()).run_split(lib.hg_sketch_scan, B * H * nblk, qg.data_ptr(), self.codes.data_ptr(),
                                            self.codes.shape[2], self.params.data_ptr(), self.params.shape[2],
-                                           SKETCH_BLOCK, self.bits, lo, res.data_ptr(), float(scale), T, D, G,
+                                           SKETCH_BLOCK, self.bits, lo, full.data_ptr(), row, float(scale), T, D, G,
                                            SCAN_BLOCK, stats.data_ptr())
         return res.view(B, Hq, T), stats
 

@@ -48,7 +48,7 @@ _SIGNATURES = {
     "hg_scan_bf16": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
     "hg_scan_f32": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
     "hg_sketch_quantize": ([_P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I], None),
-    "hg_sketch_scan": ([_P, _P, _I, _P, _I, _I, _I, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_sketch_scan": ([_P, _P, _I, _P, _I, _I, _I, _I, _P, _I, _F, _I, _I, _I, _I, _P, _I, _I], None),
     "hg_select": ([_P, _I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I], ctypes.c_int),
     "hg_rows_bf16": ([_P, _P, _I, _P, _I, _P, _F, _I, _I, _I, _I], None),
     "hg_gather_rows": ([_P, _I, _P, _I, _I, _P, _I, _I, _I], None),

@@ -73,11 +73,11 @@ SPLIT_HOST_OPS = 12       # the CPU partial attention: torch ops, each a thread 
 # logsumexp/where/max, top-k, logits at idx, gathers, staging) and ~20 launch GPU kernels
 HYBRIDGEN_HOST_OPS = 14
 HYBRIDGEN_GPU_KERNELS = 20
-# key_sketch adds 13 torch calls per layer to the CPU branch (a TorchFunctionMode around
-# host_branch + KeySketch.sync: 29 calls against 16 without the sketch), ~8 of them real
-# (the sync's front check, the scan's and re-rank's buffers, the candidates' gather) and the
-# rest views or no-op conversions
-SKETCH_HOST_OPS = 8
+# key_sketch adds 26 torch calls per layer to the CPU branch (a TorchFunctionMode around
+# host_branch + KeySketch.sync: 42 calls against 16 without the sketch), ~10 of them real
+# (the sync's front check, the exact tail's scan and its copy, the statistics' concatenation,
+# the re-rank's buffers, the candidates' gather) and the rest views or no-op conversions
+SKETCH_HOST_OPS = 10
 # UVM demand paging (model assumptions, not measured here: UVM is never run, see uvm_cost):
 # fault-driven migration reaches a fraction of the pinned copy rate, and each batch of faults
 # (about 2 MiB of pages) pays a fault-handling latency on top
@@ -167,8 +167,9 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     of the CPU branch / of the GPU work after the wait; key_sketch ('int8' / 'int4'): the scan
     reads the sketch (:func:`~hybridgen.attention.key_sketch.sketch_bytes_per_token` per
     (sequence, KV head, token), at :meth:`~hybridgen.perf.context.CostContext.sketch_rate`) and
-    the branch then reads ceil(oversample * k) exact key rows and re-ranks them, re-quantizes
-    the last block of the sketch, and pays SKETCH_HOST_OPS more host ops (``rerank_s``);
+    the branch then reads ceil(oversample * k) exact key rows and re-ranks them (``rerank_s``);
+    the keys' last, partial block is scanned exactly (the sketch holds whole blocks), and the
+    branch pays SKETCH_HOST_OPS more host ops;
     fused_select: the selection is the code's fused C pass (host.select_gbps where the profile
     has it); False prices torch's group score + top-k (the H200 probe's plain-torch step).
     """
@@ -182,16 +183,19 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     if key_sketch:
         from hybridgen.attention.key_sketch import SKETCH_BLOCK, sketch_bytes_per_token
 
-        scanned = c.B * S_h * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
+        # the sketch holds whole blocks: the keys' last, partial one (half a block on average)
+        # is scanned exactly, and a block is quantized every SKETCH_BLOCK steps (a token a step)
+        tail = min(S_h, SKETCH_BLOCK / 2)
+        scanned = c.B * (S_h - tail) * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
         scan_rate, rate_measured = c.sketch_rate(key_sketch)
+        exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, c.scan_rate(pinned=False), key_tier)
         kc = min(S_h, math.ceil(oversample * k))
         rerank = c.gather_time(c.B * Hsel * kc, row, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
-        # each step re-quantizes the last (partial) block of every (sequence, KV head)
-        rerank += c.stream_time(c.B * min(S_h, SKETCH_BLOCK) * c.key_tok, c.scan_rate(pinned=False), key_tier)
         host_ops += SKETCH_HOST_OPS
     else:
         scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
-    scan = c.stream_time(scanned, scan_rate, key_tier)
+        exact_tail = 0.0
+    scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
     if fused_select:
         group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)
     else:

@@ -73,50 +73,57 @@ static void put_row(uint8_t *tile, int64_t bits, int64_t n, const uint8_t *u, in
     }
 }
 
+/* Codes of token t of bh with its block's parameters (s, lo) into its tile; x, u: D floats / bytes of work */
+static void code_token(const void *src, int64_t src_bf16, int64_t cap, uint8_t *codes, int64_t ntiles, int64_t bits,
+                       int64_t bh, int64_t t, int64_t D, const float *s, const float *lo, float *x, uint8_t *u) {
+    const float L = bits == 8 ? 255.f : 15.f;
+    load_row(src, (int)src_bf16, bh * cap + t, D, x);
+#ifdef HG_X86
+    if (hg_isa() >= HG_ISA_AVX2) row_codes_avx2(x, s, lo, L, D, u);
+    else
+#endif
+        row_codes_c(x, s, lo, L, D, u);
+    put_row(codes + (bh * ntiles + t / TILE) * tile_bytes(bits, D), bits, t % TILE, u, D);
+}
+
+/* Quantize block b of bh (tokens [b*sblock, b*sblock + sblock) up to T1): its parameters, and
+ * every tile it overlaps (codes past T1: 0). work x: 3*D floats + D bytes. */
+static void quantize_block(const void *src, int64_t src_bf16, int64_t cap, uint8_t *codes, int64_t ntiles,
+                           float *params, int64_t nsb, int64_t sblock, int64_t bits, int64_t bh, int64_t b, int64_t T1,
+                           int64_t D, float *x) {
+    const float L = bits == 8 ? 255.f : 15.f;
+    float *mn = x + D, *mx = x + 2 * D;
+    uint8_t *u = (uint8_t *)(x + 3 * D);
+    int64_t t0 = b * sblock, t1 = t0 + sblock < T1 ? t0 + sblock : T1;
+    for (int64_t d = 0; d < D; d++) { mn[d] = INFINITY; mx[d] = -INFINITY; }
+    for (int64_t t = t0; t < t1; t++) {
+        load_row(src, (int)src_bf16, bh * cap + t, D, x);
+        for (int64_t d = 0; d < D; d++) {
+            mn[d] = x[d] < mn[d] ? x[d] : mn[d];
+            mx[d] = x[d] > mx[d] ? x[d] : mx[d];
+        }
+    }
+    float *s = params + (bh * nsb + b) * 2 * D, *lo = s + D;
+    for (int64_t d = 0; d < D; d++) {
+        s[d] = mx[d] > mn[d] ? (mx[d] - mn[d]) / L : 0.f;
+        lo[d] = t1 > t0 ? mn[d] : 0.f;
+    }
+    const int64_t TB = tile_bytes(bits, D);
+    for (int64_t i = t0 / TILE; i < (t1 + TILE - 1) / TILE; i++) memset(codes + (bh * ntiles + i) * TB, 0, (size_t)TB);
+    for (int64_t t = t0; t < t1; t++) code_token(src, src_bf16, cap, codes, ntiles, bits, bh, t, D, s, lo, x, u);
+}
+
 /* Job j in [j0, j1) quantizes block b0 + j % nb of bh = j / nb (tokens [b*sblock, b*sblock +
  * sblock) up to T1). src: key rows (bf16 bits if src_bf16, else float32), row of (bh, t) at
- * bh*cap + t. Writes the block's params and every tile it overlaps (codes past T1: 0).
+ * bh*cap + t. Writes the block's parameters and every tile it overlaps (codes past T1: 0).
  * The same numbers as the torch path of key_sketch.py (elementwise IEEE operations only). */
 HG_API void hg_sketch_quantize(const void *src, int64_t src_bf16, int64_t cap, uint8_t *codes, int64_t ntiles,
                                float *params, int64_t nsb, int64_t sblock, int64_t bits, int64_t b0, int64_t nb,
                                int64_t T1, int64_t D, int64_t j0, int64_t j1) {
-    const float L = bits == 8 ? 255.f : 15.f;
     float *x = (float *)malloc((size_t)D * 13);
     if (!x) return;
-    float *mn = x + D, *mx = x + 2 * D;
-    uint8_t *u = (uint8_t *)(x + 3 * D);
-    const int64_t TB = tile_bytes(bits, D);
-    for (int64_t job = j0; job < j1; job++) {
-        int64_t bh = job / nb, b = b0 + job % nb;
-        int64_t t0 = b * sblock, t1 = t0 + sblock < T1 ? t0 + sblock : T1;
-        for (int64_t d = 0; d < D; d++) { mn[d] = INFINITY; mx[d] = -INFINITY; }
-        for (int64_t t = t0; t < t1; t++) {
-            load_row(src, (int)src_bf16, bh * cap + t, D, x);
-            for (int64_t d = 0; d < D; d++) {
-                mn[d] = x[d] < mn[d] ? x[d] : mn[d];
-                mx[d] = x[d] > mx[d] ? x[d] : mx[d];
-            }
-        }
-        float *s = params + (bh * nsb + b) * 2 * D, *lo = s + D;
-        for (int64_t d = 0; d < D; d++) {
-            s[d] = mx[d] > mn[d] ? (mx[d] - mn[d]) / L : 0.f;
-            lo[d] = t1 > t0 ? mn[d] : 0.f;
-        }
-        int64_t tile_end = (t1 + TILE - 1) / TILE;
-        for (int64_t i = t0 / TILE; i < tile_end; i++) {
-            uint8_t *tile = codes + (bh * ntiles + i) * TB;
-            memset(tile, 0, (size_t)TB);
-            for (int64_t n = 0; n < TILE && i * TILE + n < t1; n++) {
-                load_row(src, (int)src_bf16, bh * cap + i * TILE + n, D, x);
-#ifdef HG_X86
-                if (hg_isa() >= HG_ISA_AVX2) row_codes_avx2(x, s, lo, L, D, u);
-                else
-#endif
-                    row_codes_c(x, s, lo, L, D, u);
-                put_row(tile, bits, n, u, D);
-            }
-        }
-    }
+    for (int64_t job = j0; job < j1; job++)
+        quantize_block(src, src_bf16, cap, codes, ntiles, params, nsb, sblock, bits, job / nb, b0 + job % nb, T1, D, x);
     free(x);
 }
 
@@ -367,10 +374,10 @@ static const dots_fn dots256[9] = {0, dots256_g1, dots256_g2, dots256_g3, dots25
 /* ---------------------------------------------------------------- scan */
 /* Sketch logits of tokens [0, T) (absolute t + t_off) for work items (bh, token block of
  * `block` tokens) j in [j0, j1): q [BH][G][D] float32 (G <= 8, D a multiple of 8, <= 512),
- * out [BH][G][T] float32, stats as hg_scan_bf16's. */
+ * out [BH][G][ldo] float32 (tokens [0, T) of each row of ldo >= T), stats as hg_scan_bf16's. */
 HG_API void hg_sketch_scan(const float *q, const uint8_t *codes, int64_t ntiles, const float *params, int64_t nsb,
-                           int64_t sblock, int64_t bits, int64_t t_off, float *out, float scale, int64_t T,
-                           int64_t D, int64_t G, int64_t block, float *stats, int64_t j0, int64_t j1) {
+                           int64_t sblock, int64_t bits, int64_t t_off, float *out, int64_t ldo, float scale,
+                           int64_t T, int64_t D, int64_t G, int64_t block, float *stats, int64_t j0, int64_t j1) {
     if (G < 1 || G > 8 || D % 8 || D > 512) return;
     const int64_t nblk = (T + block - 1) / block, TB = tile_bytes(bits, D);
 #ifdef HG_X86
@@ -382,18 +389,18 @@ HG_API void hg_sketch_scan(const float *q, const uint8_t *codes, int64_t ntiles,
         int64_t bh = job / nblk, r0 = (job - bh * nblk) * block, r1 = r0 + block < T ? r0 + block : T;
         int64_t a0 = r0 + t_off, a1 = r1 + t_off;  /* absolute tokens of this item */
         const float *qb = q + bh * G * D;
-        float *ob = out + bh * G * T - t_off;       /* ob[g*T + absolute t] */
+        float *ob = out + bh * G * ldo - t_off;     /* ob[g*ldo + absolute t] */
         const uint8_t *cb = codes + bh * ntiles * TB;
         for (int64_t sb = a0 / sblock; sb * sblock < a1; sb++) {
             int64_t s0 = sb * sblock > a0 ? sb * sblock : a0, s1 = sb * sblock + sblock < a1 ? sb * sblock + sblock : a1;
             block_query(qb, params + (bh * nsb + sb) * 2 * D, G, D, scale, q8, a, c);
 #ifdef HG_X86
-            if (isa >= HG_ISA_AVX512) dots512[G](cb, TB, s0, s1, bits, q8, D, a, c, ob, T);
-            else if (isa >= HG_ISA_AVX2) dots256[G](cb, TB, s0, s1, bits, q8, D, a, c, ob, T);
+            if (isa >= HG_ISA_AVX512) dots512[G](cb, TB, s0, s1, bits, q8, D, a, c, ob, ldo);
+            else if (isa >= HG_ISA_AVX2) dots256[G](cb, TB, s0, s1, bits, q8, D, a, c, ob, ldo);
             else
 #endif
-                tiles_c(cb, TB, s0, s1, bits, q8, G, D, a, c, ob, T);
+                tiles_c(cb, TB, s0, s1, bits, q8, G, D, a, c, ob, ldo);
         }
-        STATS_AFTER_JOB(job);
+        if (stats) hg_block_stats(out + bh * G * ldo, ldo, G, r0, r1, stats + job * G * 2);
     }
 }
