@@ -37,7 +37,15 @@ Choices where the paper is silent (or that are ours):
   layer samples; the paper's code keeps some layers dense, set it to match);
 - a query head that collects no host key gets only the exact gpu part (lse -inf merge);
 - left padding: padded keys are never collected; the query's bytes go down as well as its
-  codes (the CPU needs q for the logits).
+  codes (the CPU needs q for the logits);
+- under one GPU memory budget (``placement_for``) nothing is derived: the gpu tier holds the
+  sinks, window, generated tokens (every prompt token of a dense layer) and the hyperplanes
+  (:meth:`MagicPIG.gpu_bytes`, what the ledger counts); a budget below that is refused;
+- the projected cost (:func:`magicpig_cost`) prices the code as it runs: the query's hash and
+  copy down, then the CPU's searches, candidate passes, count (a sort), row gathers and the
+  sampling probabilities (the binomial tail, tables - m + 1 float64 terms per sampled pair,
+  which dominates at long contexts) concurrent with the GPU's exact part, then the copy up and
+  the merge; no cross-layer overlap (the CPU starts after the layer's query exists).
 
 stats: 'bytes_d2h' = host KV + key codes at prefill, q + query codes per step;
 'bytes_h2d' = the host part's out + lse per step; 'sampled' / 'host_keys' = collected /
@@ -61,7 +69,27 @@ from hybridgen.kv.segment import split_prompt
 from hybridgen.methods import HostTier, MethodContext, NonNegInt, PositiveInt, Range
 
 NEG_INF = float("-inf")
-HOST_OPS = 24  # torch ops of the CPU part per layer-step (searches, candidate gather, unique, gathers, scatters)
+# The CPU part's work per layer-step, counted from :func:`collect` and :func:`sampled_attention`
+# (torch.profiler: 103 top-level non-view ops per call). The passes below are the ops over arrays
+# that grow with the context; SMALL_OPS are those over per-(query head, table) arrays (searches,
+# bucket bounds, the per-head max, sums and merge); each of these costs one host op (a thread
+# fork/join); the other ~44 ops work on scalars and are left out.
+COLLECT_PASSES = 18   # elementwise int64 passes over the candidates (entry ids, offsets, key ids, pair keys)
+PAIR_PASSES = 6       # passes over the collected pairs (count filter, pair -> (b, head, key), group ids)
+ROW_PASSES = 9        # passes over the sampled rows [N, D] (gathers, float casts, dot, norms, weighted V)
+TAIL_OPS = 5          # float64 ops over the binomial tail [N, tables - m + 1] (xlogy, xlog1py, adds, logsumexp)
+TAIL_TOUCHES = 8      # float64 array reads / writes per tail term (the ops' outputs, logsumexp's passes)
+SMALL_OPS = 21
+HOST_OPS = COLLECT_PASSES + PAIR_PASSES + ROW_PASSES + TAIL_OPS + SMALL_OPS
+# The tail's arithmetic (two logarithms and an exponential per term), seconds per term on one
+# core, measured on the development machine (AMD EPYC, 1 torch thread, log_sample_prob over
+# 500-2000 cosines x 149 terms in cache: 16-21 ns, the fastest taken); an assumption on other
+# hosts. Its memory traffic (TAIL_TOUCHES x 8 B per term) is priced on top at the DRAM rate.
+TAIL_TERM_S = 16e-9
+RATE_GRID = 4001      # points of the cos θ grid of expected_sample_rate(head_dim=...)
+HASH_KERNELS = 6      # the query's SimHash on the compute device (matmul, sign, reshape, cast, weights, sum)
+APPEND_KERNELS = 2    # the new token's K and V into the gpu segment
+CACHE_LINE = 64       # bytes one probe of a binary search reads
 
 
 def code_dtype(bits: int) -> torch.dtype:
@@ -159,10 +187,18 @@ def sampled_attention(q: Tensor, q_codes: Tensor, k: Tensor, v: Tensor, tables: 
     return out.reshape(B, Hq, 1, D).to(q.dtype), lse.reshape(B, Hq, 1).float(), int(bi.numel())
 
 
-def expected_sample_rate(bits: int, tables: int, min_collisions: int) -> float:
-    """Collection probability of a key orthogonal to the query (θ = π/2: the bulk of keys in
-    high dimension), the projection's model of the sampled share of the host keys."""
-    return float(log_sample_prob(torch.zeros(1), bits, tables, min_collisions).exp())
+def expected_sample_rate(bits: int, tables: int, min_collisions: int, head_dim: Optional[int] = None) -> float:
+    """The projection's model of the sampled share of the host keys: the collection probability
+    of a key orthogonal to the query (θ = π/2), or with ``head_dim`` its mean over keys in random
+    directions of that dimension (cos θ has density ∝ (1 - x²)^((D-3)/2); the probability is
+    convex in cos θ, so the spread raises it: 0.023 at D = 64 against 0.0097 at θ = π/2). A run
+    on random keys samples the mean (tests/test_baselines_magicpig.py); the real SmolLM2's keys
+    sampled 0.0058 at D = 64 in results/paper_speedup (its emulated run)."""
+    if head_dim is None or head_dim < 3:
+        return float(log_sample_prob(torch.zeros(1), bits, tables, min_collisions).exp())
+    x = torch.linspace(-1.0, 1.0, RATE_GRID + 2, dtype=torch.float64)[1:-1]
+    w = (1 - x * x) ** ((head_dim - 3) / 2)
+    return float((w * log_sample_prob(x, bits, tables, min_collisions).exp()).sum() / w.sum())
 
 
 @dataclass
@@ -249,32 +285,120 @@ class MagicPIG(BaselineMethod):
         out, _ = merge_partials([gpu_part, (h_out.to(q.device), h_lse.to(q.device))])
         return out
 
-    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: GPU hashing + exact attention over sinks + window, concurrent with
-        the CPU's bucket reads (B*Hq*L buckets of n/2^K ids: the bucket of a key orthogonal to
-        the query), their count (a sort, at the top-k rate), the gather of the sampled K/V rows
-        (the collection rate at θ = π/2) and the estimate; q + codes down, out + lse up."""
-        from hybridgen.perf.costs import MERGE_KERNELS, PARTIAL_KERNELS
-        from hybridgen.perf.context import LayerCost
+    # ------------------------------------------------------------------ memory
+    def gpu_layers(self, num_layers: int, prompt: int, head_dim: int):
+        """Per layer: (gpu tokens before generation, hyperplane bytes) for a prompt of ``prompt``
+        tokens: every prompt token in a dense layer; sinks + window (and the planes, when any
+        token is left for the host) in a sampled one."""
+        out = []
+        for layer in range(num_layers):
+            if layer < self.dense_layers:
+                out.append((prompt, 0))
+                continue
+            s = min(self.sinks, prompt)
+            w = min(self.window, prompt - s)
+            out.append((s + w, head_dim * self.tables * self.bits * 4 if prompt - w > s else 0))
+        return out
 
-        key_tier, _ = c.tiers(self.tier)
-        n_gpu = min(c.S, self.sinks + self.window)
-        n_host = c.S - n_gpu
-        cb = 2 if self.bits <= 15 else 4
-        rate = expected_sample_rate(self.bits, self.tables, self.min_collisions)
-        sampled = c.B * c.Hq * n_host * rate
-        candidates = c.B * c.Hq * self.tables * n_host * 0.5 ** self.bits
-        scan = c.gather_time(candidates, 4, key_tier) + c.topk_time(candidates * 8)
-        gather = c.gather_time(sampled, 2 * c.D * c.b, key_tier)
-        down = c.B * c.Hq * (c.D * c.b + self.tables * cb)
-        up = c.B * c.Hq * (c.D * c.b + 4)
-        xfer = c.copy(down) + c.copy(up) if n_host else 0.0
-        cpu = scan + gather + c.fixed(host_ops=HOST_OPS) + xfer if n_host else 0.0
-        hash_s = c.B * c.Hq * c.D * self.tables * self.bits * 4 * 2 / (c.hw.gpu.matmul_tflops * 1e12)
-        gpu = c.gpu_attn(n_gpu) + hash_s + c.fixed(gpu_kernels=PARTIAL_KERNELS + MERGE_KERNELS + 3)
-        attn = c.overlap(cpu, gpu)
-        return LayerCost(attn=attn, layer=c.rest + attn, cpu=cpu, gpu=c.rest + gpu, transfer=xfer, gpu_tokens=n_gpu,
-                         breakdown={"bucket_s": scan, "candidates": candidates, "gather_s": gather, "transfer_s": xfer, "gpu_attn_s": gpu,
-                                    "rest_s": c.rest, "sample_rate": rate, "h2d_bytes": up, "d2h_bytes": down,
-                                    "host_kv_bytes": c.B * n_host * c.kv_tok},
-                         label="magicpig")
+    def gpu_bytes(self, layers: int, batch: int, kv_heads: int, head_dim: int, dtype_bytes: int, prompt: int,
+                  new_tokens: int, masked: bool) -> int:
+        """Bytes this method allocates on the gpu tier for a run of that shape (what the ledger
+        counts): per layer the gpu segment (its tokens + every generated one, K and V, + a mask
+        byte per KV head when ``masked``) and the hyperplanes (float32 [D, tables x bits])."""
+        per_token = batch * kv_heads * (2 * head_dim * dtype_bytes + (1 if masked else 0))
+        return sum((n + new_tokens) * per_token + planes for n, planes in self.gpu_layers(layers, prompt, head_dim))
+
+    def placement_for(self, gpu_kv_bytes: int, shape) -> "Optional[dict]":
+        """Prompt KV and hash tables on the host tier, sinks + window + generated tokens and the
+        hyperplanes on the GPU (:meth:`gpu_bytes`, masks counted): nothing to derive; refused
+        when they do not fit."""
+        from hybridgen.methods.placement import refuse
+
+        need = self.gpu_bytes(shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes,
+                              shape.prompt, shape.new_tokens, masked=True)
+        if need > gpu_kv_bytes:
+            raise refuse(self.name, need, gpu_kv_bytes, "its sinks, local window, generated tokens and hyperplanes")
+        return {}
+
+    # ------------------------------------------------------------------ performance model
+    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
+        """PROJECTED layer cost (:func:`magicpig_cost`; dense leading layers priced as dense GPU
+        attention over the context, the mean layer taken)."""
+        from baselines.layer_costs import mean_layer_cost
+        from hybridgen.perf.costs import PARTIAL_KERNELS, gpu_resident_cost
+
+        L = c.shape.num_layers
+        dense = min(self.dense_layers, L)
+        sampled = magicpig_cost(c, self.bits, self.tables, self.min_collisions, self.sinks + self.window, self.tier)
+        if not dense:
+            return sampled
+        full_layer = gpu_resident_cost(c, c.S, c.fixed(gpu_kernels=PARTIAL_KERNELS + APPEND_KERNELS - 1),
+                                       label="magicpig")
+        return mean_layer_cost([full_layer] * dense + [sampled] * (L - dense), label="magicpig")
+
+
+def magicpig_cost(c: "CostContext", bits: int, tables: int, min_collisions: int, gpu_tokens: int,
+                  tier: str = "dram") -> "LayerCost":
+    """PROJECTED MagicPIG layer as the code runs it (symbols: :mod:`hybridgen.perf.context`).
+
+    n = S - gpu_tokens host keys per sequence; the sampled share u = the mean collection
+    probability of keys in random directions (:func:`expected_sample_rate` with head_dim D);
+    candidates N_c = B*Hq*L*n/2^K (one bucket per query head and table); sampled pairs
+    N_s = B*Hq*n*u; J = L - m + 1 tail terms.
+
+      pre  = SimHash of q (planes [D, L*K] read at HBM rate, or its FLOPs) + HASH_KERNELS and
+             APPEND_KERNELS launches, then q + codes copied down (the host waits for them)
+      cpu  = binary searches (2*B*Hq*L*log2 n probes of a cache line, gather rate)
+             + bucket ids read (N_c x 4 B, gather rate) + COLLECT_PASSES int64 passes over N_c
+             + the count (a sort of N_c int64 keys, at the top-k rate) + PAIR_PASSES over N_s
+             + K and V rows of the sampled pairs (gather, at the KV tier) + ROW_PASSES fp32
+             passes over [N_s, D] + the sampling probabilities (N_s*J tail terms: TAIL_TERM_S
+             per term and core + TAIL_TOUCHES x 8 B) + HOST_OPS host ops; passes read and
+             write (2x bytes) at the DRAM read rate
+      gpu  = the exact partial over the gpu_tokens (unfused: logits, softmax, weighted sum)
+      post = out + lse copied up, then the LSE merge (MERGE_KERNELS)
+      attn = pre + overlap(cpu, gpu) + post;  layer = rest + attn  (no cross-layer overlap)
+    """
+    from hybridgen.perf.costs import MERGE_KERNELS, PARTIAL_KERNELS
+    from hybridgen.perf.context import LayerCost
+
+    key_tier, _ = c.tiers(tier)
+    B, Hq, D, b = c.B, c.Hq, c.D, c.b
+    n_gpu = min(c.S, gpu_tokens)
+    n = c.S - n_gpu
+    planes_bytes = D * tables * bits * 4
+    cb = 2 if bits <= 15 else 4
+    rate = expected_sample_rate(bits, tables, min_collisions, head_dim=D)
+    sampled = B * Hq * n * rate
+    candidates = B * Hq * tables * n * 0.5 ** bits
+    J = tables - min_collisions + 1
+    hbm, flops = c.hw.gpu.hbm_gbps * 1e9, c.hw.gpu.matmul_tflops * 1e12
+    hash_s = max(planes_bytes / hbm, 2 * B * Hq * D * tables * bits / flops)
+    pre_gpu = hash_s + c.fixed(gpu_kernels=HASH_KERNELS + APPEND_KERNELS)
+    down = B * Hq * (D * b + tables * cb)
+    up = B * Hq * (D * b + 4)
+    dram = c.hw.host.dram_read_gbps * 1e9
+    if n:
+        search = c.gather_time(2 * B * Hq * tables * math.ceil(math.log2(max(n, 2))), CACHE_LINE, key_tier)
+        buckets = c.gather_time(candidates, 4, key_tier)
+        collect_s = COLLECT_PASSES * candidates * 8 * 2 / dram + c.topk_time(candidates * 8)
+        pairs = PAIR_PASSES * sampled * 8 * 2 / dram
+        rows = c.gather_time(sampled, 2 * D * b, key_tier) + ROW_PASSES * sampled * D * 4 * 2 / dram
+        tail = sampled * J * (TAIL_TERM_S / (c.hw.host.cores or 1) + TAIL_TOUCHES * 8 / dram)
+        cpu = search + buckets + collect_s + pairs + rows + tail + c.fixed(host_ops=HOST_OPS)
+        xfer_down, xfer_up = c.copy(down), c.copy(up)
+    else:
+        search = buckets = collect_s = pairs = rows = tail = cpu = xfer_down = xfer_up = 0.0
+    gpu_attn = c.gpu_attn(n_gpu) + c.fixed(gpu_kernels=PARTIAL_KERNELS - 1)
+    merge = c.fixed(gpu_kernels=MERGE_KERNELS) if n else 0.0
+    attn = pre_gpu + xfer_down + (c.overlap(cpu, gpu_attn) if n else gpu_attn) + xfer_up + merge
+    resident = n_gpu + planes_bytes / (B * c.kv_tok) if n else n_gpu
+    return LayerCost(attn=attn, layer=c.rest + attn, cpu=cpu, gpu=c.rest + pre_gpu + gpu_attn + merge,
+                     transfer=xfer_down + xfer_up, gpu_tokens=resident,
+                     breakdown={"hash_s": pre_gpu, "search_s": search, "bucket_s": buckets, "collect_s": collect_s,
+                                "pairs_s": pairs, "rows_s": rows, "tail_s": tail, "candidates": candidates,
+                                "sampled_pairs": sampled, "sample_rate": rate, "gpu_attn_s": gpu_attn,
+                                "transfer_s": xfer_down + xfer_up, "rest_s": c.rest, "h2d_bytes": up,
+                                "d2h_bytes": down, "host_kv_bytes": B * n * c.kv_tok,
+                                "host_table_bytes": B * c.Hkv * tables * n * (cb + 4)},
+                     label="magicpig")

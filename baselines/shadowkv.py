@@ -42,6 +42,10 @@ Choices where the paper is silent (or which we adapt):
 - left padding: padded keys are zeroed before the SVD and left out of landmarks and cosine
   similarities; an all-padding chunk is never an outlier and never selected unless the budget
   exceeds the real chunks (its tokens are masked);
+- under one GPU memory budget (``placement_for``) nothing is derived: the gpu tier holds what
+  :func:`gpu_layout` counts (the ledger's bytes, masks included), or the method is refused;
+- the projected cost (:func:`shadowkv_cost`) follows the code: scoring, the ids down, the host
+  gather, the copy up, the key rebuild and attention one after the other;
 - stats: 'bytes_h2d' = fetched value rows (B x Hkv x selected tokens x D x bytes), 'bytes_d2h'
   = prompt values written to the host + the selected chunk ids sent to it, 'fetched_tokens'
   = tokens fetched per KV head, summed over layer-steps.
@@ -50,7 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, List, Optional
+from typing import ClassVar, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -120,6 +124,33 @@ def chunk_landmarks(k: Tensor, valid: Optional[Tensor], chunk: int):
 def chunk_tokens(chunks: Tensor, chunk: int) -> Tensor:
     """Token indices [B, H, n*chunk] of chunk ids [B, H, n]."""
     return (chunks[..., None] * chunk + torch.arange(chunk, device=chunks.device)).flatten(2)
+
+
+def plan_chunks(prompt: int, kv_dims: int, budget_tokens: int, rank: int, chunk: int, local_chunks: int,
+                outlier_ratio: float) -> Tuple[int, int, int, int]:
+    """(C chunks, O outlier chunks, selected chunks, effective rank) for a padded prompt of
+    ``prompt`` tokens, Hkv*D = ``kv_dims`` and a fetch budget of ``budget_tokens`` (the
+    effective rank assumes full-rank keys)."""
+    C = max(0, prompt // chunk - local_chunks)
+    budget_chunks = max(1, budget_tokens // chunk)
+    O = min(C, int(math.floor(outlier_ratio * budget_chunks)))
+    return C, O, min(budget_chunks, C - O), min(rank, C * chunk, kv_dims) if C else 0
+
+
+def gpu_layout(plan: Tuple[int, int, int, int], chunk: int, batch: int, kv_heads: int, head_dim: int,
+               dtype_bytes: int, prompt: int, new_tokens: int, masked: bool) -> Tuple[int, int]:
+    """(bytes per layer, shared bytes) the method allocates on the gpu tier (what the ledger
+    counts): per layer U, S V^T, landmarks + chunk ids, exact outlier and local K/V (+ masks
+    when ``masked``); shared: positions (+ validity) and the two fetch buffers."""
+    C, O, n_sel, r = plan
+    b, B, H, D, T = dtype_bytes, batch, kv_heads, head_dim, prompt
+    exact = O * chunk + T - C * chunk + new_tokens  # outlier + local tokens per (row, head)
+    per_layer = (B * C * chunk * r + B * H * r * D) * b + B * H * (C - O) * (D * b + 8) + 2 * B * H * exact * D * b
+    shared = B * T * 8 + 2 * B * H * n_sel * chunk * D * b
+    if masked:
+        per_layer += B * H * ((C - O) + exact)
+        shared += B * T
+    return per_layer, shared
 
 
 def _masked(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -285,25 +316,16 @@ class ShadowKV(BaselineMethod):
     # ------------------------------------------------------------------ memory
     def plan(self, prompt: int, kv_dims: int):
         """(C chunks, O outlier chunks, selected chunks, effective rank) for a padded prompt of
-        ``prompt`` tokens and Hkv*D = ``kv_dims`` (the effective rank assumes full-rank keys)."""
-        C = max(0, prompt // self.chunk_size - self.local_chunks)
-        budget_chunks = max(1, self.budget.resolve(prompt) // self.chunk_size)
-        O = min(C, int(math.floor(self.outlier_ratio * budget_chunks)))
-        return C, O, min(budget_chunks, C - O), min(self.rank, C * self.chunk_size, kv_dims) if C else 0
+        ``prompt`` tokens and Hkv*D = ``kv_dims`` (:func:`plan_chunks`)."""
+        return plan_chunks(prompt, kv_dims, self.budget.resolve(prompt), self.rank, self.chunk_size,
+                           self.local_chunks, self.outlier_ratio)
 
     def gpu_bytes(self, layers: int, batch: int, kv_heads: int, head_dim: int, dtype_bytes: int, prompt: int,
                   new_tokens: int, masked: bool) -> int:
         """Bytes this method allocates on the gpu tier for a run of that shape (what the ledger
-        counts): per layer U, S V^T, landmarks + chunk ids, exact outlier and local K/V (+ masks
-        when ``masked``); shared positions (+ validity) and the two fetch buffers."""
-        cs, b, B, H, D, T = self.chunk_size, dtype_bytes, batch, kv_heads, head_dim, prompt
-        C, O, n_sel, r = self.plan(T, H * D)
-        exact = O * cs + T - C * cs + new_tokens  # outlier + local tokens per (row, head)
-        per_layer = (B * C * cs * r + B * H * r * D) * b + B * H * (C - O) * (D * b + 8) + 2 * B * H * exact * D * b
-        shared = B * T * 8 + 2 * B * H * n_sel * cs * D * b
-        if masked:
-            per_layer += B * H * ((C - O) + exact)
-            shared += B * T
+        counts; :func:`gpu_layout`)."""
+        per_layer, shared = gpu_layout(self.plan(prompt, kv_heads * head_dim), self.chunk_size, batch, kv_heads,
+                                       head_dim, dtype_bytes, prompt, new_tokens, masked)
         return layers * per_layer + shared
 
     def placement_for(self, gpu_kv_bytes: int, shape) -> "Optional[dict]":
@@ -324,31 +346,63 @@ class ShadowKV(BaselineMethod):
                              self.outlier_ratio, mapping=self.host_tier)
 
 
+# GPU kernels / host ops of one decode step, counted from ShadowKV.select_chunks, _fetch and decode
+SCORE_KERNELS = 7    # landmark logits, padding mask, softmax, group max, top-k, chunk-id gather, sort
+REBUILD_KERNELS = 6  # chunk -> token ids, U-row gather, matmul by S V^T, position gather, rotation, fetch copy
+PARTS_KERNELS = 4    # logits of the two extra parts (outliers, fetched chunks) and their masks
+FETCH_HOST_OPS = 3   # token ids to host rows, the value gather into the staging buffer, the copy up
+# memory touches of the key rebuild per fetched (token, KV head): rows of U ([r]) read by the
+# gather, written, read by the matmul; rebuilt keys ([D]) written, read and written by the
+# rotation (pre-RoPE x cos, rotate_half x sin), read and written by the copy into the fetch buffer
+REBUILD_TOUCHES_R = 3
+REBUILD_TOUCHES_D = 5
+
+
 def shadowkv_cost(c: "CostContext", budget_ratio: float, rank: int, chunk: int, local_chunks: int,
                   outlier_ratio: float, mapping: str = "dram") -> "LayerCost":
-    """PROJECTED ShadowKV layer: landmark scores (gpu_keys over S/chunk landmarks), then the
-    value fetch (host gather + copy of n = budget_ratio*S rows) overlapped with the key rebuild
-    (U rows [n, r] per KV head times S V^T on the GPU), then attention over n + outliers + local
-    window. GPU residency (in KV tokens): U (S*r*b per sequence) + landmarks + outliers + local."""
+    """PROJECTED ShadowKV layer as the code runs it, one step after the other (the paper overlaps
+    the value fetch with the key rebuild; ``ShadowKV._fetch`` waits for the chunk ids, gathers on
+    the host and copies synchronously before it rebuilds):
+
+      score   = gpu_keys(C - O landmarks) + SCORE_KERNELS launches
+      ids     = the selected chunk ids copied down (B*Hkv*n_sel*8 bytes; the host waits for them)
+      gather  = the host gather of n = n_sel*chunk value rows per KV head (value tier) + FETCH_HOST_OPS
+      copy    = those rows up (B*n*key_tok bytes, pinned staging)
+      rebuild = max(B*Hkv*n*(REBUILD_TOUCHES_R*r + REBUILD_TOUCHES_D*D)*b / hbm, 2*B*Hkv*n*r*D / matmul)
+                + REBUILD_KERNELS launches
+      attn    = gpu_attn(n + outliers + local) (one softmax over the parts) + PARTS_KERNELS launches
+      layer   = rest + score + ids + gather + copy + rebuild + attn   (no cross-layer prefetch)
+
+    The chunk plan is the method's (:func:`plan_chunks`) over the context S; GPU residency is its
+    ledger layout (:func:`gpu_layout`, unpadded, the tokens generated so far in S): per layer U,
+    S V^T, landmarks and ids, outliers and the local window; the fetch buffers and positions are
+    model-wide staging.
+    """
     from hybridgen.perf.context import LayerCost
 
     S, B, Hkv, D, b = c.S, c.B, c.Hkv, c.D, c.b
-    n = min(S, budget_ratio * S)
-    outl = outlier_ratio * n
-    local = min(S, local_chunks * chunk)
-    r = min(rank, S, Hkv * D)
-    score = c.gpu_keys(S / chunk)
+    budget = int(math.ceil(round(budget_ratio * S, 6)))
+    plan = plan_chunks(S, Hkv * D, budget, rank, chunk, local_chunks, outlier_ratio)
+    C, O, n_sel, r = plan
+    n, outl, local = n_sel * chunk, O * chunk, S - C * chunk
     _, value_tier = c.tiers(mapping)
+    score = c.gpu_keys(C - O) + c.fixed(gpu_kernels=SCORE_KERNELS - 1) if C else 0.0
+    ids = c.copy(B * Hkv * n_sel * 8) if n else 0.0
+    gather = c.gather_time(B * Hkv * n, D * b, value_tier) + c.fixed(host_ops=FETCH_HOST_OPS) if n else 0.0
     h2d = B * n * c.key_tok
-    fetch = c.gather_time(B * Hkv * n, D * b, value_tier) + c.copy(h2d)
-    rebuild_bytes = B * Hkv * n * (r + D) * b + B * Hkv * r * D * b
-    rebuild = max(rebuild_bytes / (c.hw.gpu.hbm_gbps * 1e9),
-                  2 * B * Hkv * n * r * D / (c.hw.gpu.matmul_tflops * 1e12)) + 2 * c.launch
-    attn_gpu = c.gpu_attn(n + outl + local)
-    attn = score + c.overlap(fetch, rebuild) + attn_gpu
-    resident = S * r / (2 * Hkv * D) + (S / chunk) / 2 + outl + local
-    return LayerCost(attn=attn, layer=c.rest + attn, cpu=fetch, gpu=c.rest + score + rebuild + attn_gpu,
-                     transfer=fetch, gpu_tokens=resident, staging_tokens=n,
-                     breakdown={"score_s": score, "fetch_s": fetch, "rebuild_s": rebuild, "gpu_attn_s": attn_gpu,
-                                "rest_s": c.rest, "h2d_bytes": h2d, "rank": r},
+    copy = c.copy(h2d)
+    rebuild_bytes = B * Hkv * n * (REBUILD_TOUCHES_R * r + REBUILD_TOUCHES_D * D) * b + B * Hkv * r * D * b
+    rebuild = 0.0
+    if n:
+        rebuild = max(rebuild_bytes / (c.hw.gpu.hbm_gbps * 1e9), 2 * B * Hkv * n * r * D / (c.hw.gpu.matmul_tflops * 1e12))
+        rebuild += c.fixed(gpu_kernels=REBUILD_KERNELS)
+    attn_gpu = c.gpu_attn(n + outl + local) + c.fixed(gpu_kernels=PARTS_KERNELS)
+    attn = score + ids + gather + copy + rebuild + attn_gpu
+    per_layer, shared = gpu_layout(plan, chunk, B, Hkv, D, b, S, 0, masked=False)
+    return LayerCost(attn=attn, layer=c.rest + attn, cpu=gather, gpu=c.rest + score + rebuild + attn_gpu,
+                     transfer=ids + copy, gpu_tokens=per_layer / (B * c.kv_tok), staging_tokens=shared / (B * c.kv_tok),
+                     breakdown={"score_s": score, "ids_s": ids, "gather_s": gather, "copy_s": copy,
+                                "fetch_s": ids + gather + copy, "rebuild_s": rebuild, "gpu_attn_s": attn_gpu,
+                                "rest_s": c.rest, "h2d_bytes": h2d, "d2h_bytes": B * Hkv * n_sel * 8, "rank": r,
+                                "fetched_tokens": n, "outlier_tokens": outl, "local_tokens": local},
                      label="shadowkv")

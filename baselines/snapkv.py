@@ -122,8 +122,13 @@ class SnapKV(BaselineMethod):
         self.cache[layer] = off.track(layer, "kv", seg)
 
     def prompt_keep(self, layer: int, prompt_len: int) -> int:
-        """Prompt tokens ``layer`` keeps (window included): the budget, the same in every layer."""
-        return self.budget.resolve(prompt_len)
+        """Prompt tokens ``layer`` keeps (window included), from :meth:`prompt_keeps`."""
+        return self.prompt_keeps(prompt_len, self.ctx.num_layers)[layer]
+
+    def prompt_keeps(self, prompt_len: int, num_layers: int) -> List[int]:
+        """Prompt tokens each of ``num_layers`` layers keeps (window included): the budget, the
+        same in every layer (subclasses spread it, e.g. PyramidKV)."""
+        return [self.budget.resolve(prompt_len)] * num_layers
 
     def on_layer_input(self, layer: int, hidden: Tensor) -> None:
         self.off.on_layer_input(layer)
@@ -145,19 +150,26 @@ class SnapKV(BaselineMethod):
         super().release()
 
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """Resident when the kept prompt + generated KV fits, else streamed (two staging slots),
+        """Resident when every layer's kept prompt + generated KV fits, else streamed (two
+        staging slots, each sized for the largest layer, as ``KeptKVOffload`` allocates them),
         else the step on the CPU."""
         from hybridgen.methods.placement import choose_offload
 
-        kept = shape.batch * (self.budget.resolve(shape.prompt) + shape.new_tokens) * (shape.token_bytes + shape.mask_bytes)
-        return choose_offload(type(self).name, gpu_kv_bytes, shape.layers * kept, 2 * kept)
+        per_token = shape.batch * (shape.token_bytes + shape.mask_bytes)
+        kept = [n + shape.new_tokens for n in self.prompt_keeps(shape.prompt, shape.layers)]
+        return choose_offload(type(self).name, gpu_kv_bytes, sum(kept) * per_token, 2 * max(kept) * per_token)
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: attention over the tokens kept at prefill."""
+        return self.kept_cost(c, c.fraction(self.budget) * c.S)
+
+    def kept_cost(self, c: "CostContext", kept_tokens: float) -> "LayerCost":
+        """PROJECTED cost of one layer keeping ``kept_tokens`` per sequence: GPU attention over
+        them, or (offloaded) that attention with the kept set streamed a layer ahead / the step
+        on the CPU (``offloaded_kept_cost``)."""
         from hybridgen.perf.costs import offloaded_kept_cost, snapkv_cost
 
-        r = c.fraction(self.budget)
-        base = snapkv_cost(c, r)
+        base = snapkv_cost(c, kept_tokens / c.S)
         if self.offload == "none":
             return base
-        return offloaded_kept_cost(c, base, r * c.S, r * c.S, self.offload, self.host_tier)
+        return offloaded_kept_cost(c, base, kept_tokens, kept_tokens, self.offload, self.host_tier)

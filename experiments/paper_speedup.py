@@ -50,7 +50,9 @@ CPU_COLUMN = ("cpu-emulated", "this CPU (emulated)")
 LABELS = {"flexgen": "FlexGen", "flexgen-int4": "FlexGen + INT4", "infinigen": "InfiniGen", "h2o": "H2O",
           "h2o-offload": "H2O offloaded (on FlexGen)", "snapkv": "SnapKV", "snapkv-offload": "SnapKV offloaded",
           "streamingllm": "StreamingLLM", "streamingllm-offload": "StreamingLLM offloaded", "quest": "Quest",
-          "quest-offload": "Quest offloaded", "uvm": "UVM", "uvm-h2o": "UVM + H2O", "full": "full (reference)"}
+          "quest-offload": "Quest offloaded", "uvm": "UVM", "uvm-h2o": "UVM + H2O", "full": "full (reference)",
+          "pyramidkv": "PyramidKV", "pyramidkv-offload": "PyramidKV offloaded", "shadowkv": "ShadowKV (fetch 1.56%)",
+          "shadowkv-b20": "ShadowKV (fetch 20%)", "magicpig": "MagicPIG"}
 # perf-model cost label -> validation rows that check it (name fragment, or the run's method)
 VALIDATED_BY = {"full": ("GPU SDPA", "method:full"), "hybridgen": ("HybridGen step", "method:hybridgen"),
                 "flexgen-stream": ("FlexGen stream", "stream (fetch)", "method:flexgen-stream"),
@@ -321,7 +323,9 @@ def main(argv=None) -> None:
             f"{vpath.name if validation else 'no validation file'}; emulated: timed on this machine's CPUs), "
             "and the resource bounding the baseline. does not fit: that method's KV cannot be placed in that GPU's "
             "KV budget (memory.gpu_kv=auto). UVM rows: " + _uvm_reason() + ". "
-            "Fidelity: teacher-forced top-1 / mean KL to `full` in the emulated run (real SmolLM2-135M, 1K prompt, 32 teacher-forced steps, 20% KV budget).\n\n")
+            "Fidelity: teacher-forced top-1 / mean KL to `full` in the emulated run (real SmolLM2-135M, 1K prompt, 32 teacher-forced steps, 20% KV budget; "
+            "ShadowKV: its fetch budget, the paper's 1.56% or 20%; MagicPIG: no budget, its paper configuration). "
+            "The peers' rows (PyramidKV, ShadowKV, MagicPIG; issue 14) are priced as this repo's code runs them; README.md says what they show.\n\n")
     (out / "table.md").write_text(head + markdown(rows))
     with (out / "table.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -335,7 +339,8 @@ def main(argv=None) -> None:
     write_json(out / "provenance.json", {
         "command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "code": code_version(), "run_codes": [json.loads(c) for c in codes], "runs": len(pts), "cases": cases,
-        "validation": str(vpath) if validation else None, "paper_band": PAPER_BAND})
+        "validation": str(vpath) if validation else None, "paper_band": PAPER_BAND,
+        "rows": {b: LABELS.get(b, b) for b in sorted({r["baseline"] for r in rows})}})
     print(f"{len(rows)} cells -> {out / 'table.md'}, {out / 'table.csv'}, {out / 'speedup.png'}")
 
 

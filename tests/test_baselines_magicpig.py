@@ -173,11 +173,66 @@ def test_projection_prices_the_cpu_part():
 
     c = CostContext(as_model_shape("smollm2-135m"), Workload(batch=4, context=8192), load_profile("h200-host"))
     cost = MagicPIG().layer_cost(c)
-    assert cost.label == "magicpig" and cost.gpu_tokens == 68 and cost.cpu > 0 and cost.transfer > 0
-    assert cost.breakdown["sample_rate"] == pytest.approx(expected_sample_rate(10, 150, 2))
-    assert 0.005 < cost.breakdown["sample_rate"] < 0.02  # ~1% of orthogonal keys at (10, 150, 2)
+    planes = 64 * 150 * 10 * 4  # float32 hyperplanes of one layer, in KV tokens of the batch below
+    assert cost.label == "magicpig" and cost.gpu_tokens == pytest.approx(68 + planes / (4 * c.kv_tok))
+    assert cost.cpu > 0 and cost.transfer > 0
+    assert cost.breakdown["sample_rate"] == pytest.approx(expected_sample_rate(10, 150, 2, head_dim=64))
+    assert 0.005 < expected_sample_rate(10, 150, 2) < cost.breakdown["sample_rate"] < 0.05  # spread raises it
+    bd = cost.breakdown  # the CPU's parts, each scaling with what it reads
+    parts = ("search_s", "bucket_s", "collect_s", "pairs_s", "rows_s", "tail_s")
+    assert all(bd[k] > 0 for k in parts) and cost.cpu > sum(bd[k] for k in parts)  # + the host ops
+    assert bd["sampled_pairs"] == pytest.approx(4 * 9 * (8192 - 68) * bd["sample_rate"])
+    assert bd["candidates"] == pytest.approx(4 * 9 * 150 * (8192 - 68) / 1024)
+    # hash and copy down before the CPU starts; copy up and merge after it: more than the branches alone
+    assert cost.attn > cost.cpu + bd["hash_s"] and cost.layer == pytest.approx(c.rest + cost.attn)
     longer = MagicPIG().layer_cost(CostContext(c.shape, Workload(batch=4, context=32768), c.hw))
-    assert longer.cpu > cost.cpu  # the CPU part scales with the host context
+    scaled = [sum(x.breakdown[k] for k in parts[1:]) for x in (cost, longer)]  # all but the log-depth searches
+    assert longer.cpu > cost.cpu and scaled[1] == pytest.approx(scaled[0] * (32768 - 68) / (8192 - 68), rel=0.01)
+    assert longer.breakdown["tail_s"] > longer.breakdown["rows_s"]  # the sampling probabilities dominate
+
+
+def test_projection_prices_dense_layers_on_the_gpu():
+    from hybridgen.perf import CostContext, Workload, as_model_shape, load_profile
+
+    c = CostContext(as_model_shape("smollm2-135m"), Workload(batch=4, context=8192), load_profile("h200-host"))
+    L = c.shape.num_layers
+    dense = MagicPIG(dense_layers=L).layer_cost(c)
+    assert dense.cpu == 0 and dense.transfer == 0 and dense.gpu_tokens == 8192
+    sampled = MagicPIG().layer_cost(c)
+    mixed = MagicPIG(dense_layers=3).layer_cost(c)
+    assert mixed.layer == pytest.approx((3 * dense.layer + (L - 3) * sampled.layer) / L)
+    assert mixed.gpu_tokens == pytest.approx((3 * 8192 + (L - 3) * sampled.gpu_tokens) / L)
+
+
+def test_sample_rate_model_matches_random_keys():
+    """The projection's sampled share (mean collection probability of keys in random directions
+    of dimension D) against the collected / candidate pairs of a run on random keys."""
+    D, T = 64, 1500
+    method = MagicPIG(sinks=0, window=0)
+    drive(method, (1, 4, 2, D, T), 4, seed=3, layers=1)
+    got = method.stats["sampled"] / method.stats["host_keys"]
+    want = expected_sample_rate(10, 150, 2, head_dim=D)
+    assert abs(got / want - 1) < 0.25, (got, want)
+    assert abs(got / expected_sample_rate(10, 150, 2) - 1) > 0.5  # orthogonal keys would be far off
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_gpu_bytes_and_placement_match_the_ledger(padded):
+    from hybridgen.methods.placement import KVShape
+
+    B, Hq, Hkv, D, T, steps, layers = 3, 4, 2, 16, 60, 4, 3
+    valid = left_padding(random.Random(2), B, T, min_real=20) if padded else None
+    m = MagicPIG(sinks=2, window=6, bits=4, tables=8, dense_layers=1)
+    run = drive(m, (B, Hq, Hkv, D, T), steps, seed=2, layers=layers, valid=valid)
+    gpu = run.ctx.store.bytes_by_tier()["gpu"]
+    assert m.gpu_bytes(layers, B, Hkv, D, 4, T, steps, masked=padded) == gpu
+    shape = KVShape(layers=layers, kv_heads=Hkv, head_dim=D, dtype_bytes=4, batch=B, context=T + steps,
+                    new_tokens=steps)
+    need = m.gpu_bytes(layers, B, Hkv, D, 4, T, steps, masked=True)  # masks counted: an upper bound
+    assert m.placement_for(need, shape) == {}
+    with pytest.raises(ConfigError, match="'magicpig' needs .* of GPU memory") as info:
+        m.placement_for(need - 1, shape)
+    assert "\n" not in str(info.value)
 
 
 def test_through_the_engine_and_the_experiment_runner(tmp_path):

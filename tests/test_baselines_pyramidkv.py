@@ -98,13 +98,69 @@ def test_bad_parameters_are_one_line(params, fragment):
     assert "\n" not in str(info.value) and fragment in str(info.value) and "'pyramidkv'" in str(info.value)
 
 
-def test_projection_uses_the_mean_budget():
+def _cost_context(model="smollm2-135m", batch=4, context=4096, profile="h200-host"):
     from hybridgen.perf import CostContext, Workload, as_model_shape, load_profile
 
-    c = CostContext(as_model_shape("smollm2-135m"), Workload(batch=4, context=4096), load_profile("h200-host"))
+    return CostContext(as_model_shape(model), Workload(batch=batch, context=context), load_profile(profile))
+
+
+def test_projection_uses_the_mean_budget():
+    c = _cost_context()
     got = PyramidKV(budget=0.2).layer_cost(c)
-    assert got.label == "pyramidkv" and got.gpu_tokens == pytest.approx(0.2 * 4096)
-    assert got.attn == pytest.approx(build_method("snapkv", budget=0.2).layer_cost(c).attn)
+    keep = -(-4096 // 5)  # ceil(0.2 x 4096) = 820 tokens on average, as the method keeps them
+    assert got.label == "pyramidkv" and got.gpu_tokens == pytest.approx(keep)
+    assert got.attn == pytest.approx(build_method("snapkv", budget=f"{keep}t").layer_cost(c).attn)
+
+
+@pytest.mark.parametrize("offload", ["stream", "cpu"])
+def test_offloaded_projection_prices_each_layer_in_its_mode(offload):
+    """Each layer is SnapKV at its own budget in the offload mode (offloaded_kept_cost); the
+    stream's two staging slots hold the LARGEST layer (layer 0), not the mean."""
+    c = _cost_context("llama-3.1-8b", batch=8, context=32768, profile="rtx5090")
+    got = PyramidKV(offload=offload).layer_cost(c)
+    keeps = pyramid_budgets(-(-32768 // 5), 32, 32768, 32, 20)
+    per_layer = [build_method("snapkv", budget=f"{n}t", offload=offload).layer_cost(c) for n in keeps]
+    assert got.label == f"pyramidkv-offload-{offload}"
+    assert got.layer == pytest.approx(sum(p.layer for p in per_layer) / len(keeps))
+    assert got.transfer == pytest.approx(sum(p.transfer for p in per_layer) / len(keeps))
+    assert got.gpu_tokens == 0.0  # the kept KV lives on the host
+    resident = PyramidKV().layer_cost(c)
+    assert got.layer > resident.layer  # the copy (or the CPU pass) is priced, not the resident step
+    if offload == "stream":
+        assert got.staging_tokens == 2 * max(keeps) > 3 * sum(keeps) / len(keeps)
+        assert got.breakdown["h2d_bytes"] == pytest.approx(8 * sum(keeps) / len(keeps) * c.kv_tok)
+    else:
+        assert got.staging_tokens == 0 and got.cpu > 0
+
+
+def test_stream_placement_sizes_staging_for_the_largest_layer():
+    """Between two slots of the MEAN layer and two slots of layer 0's budget the kept KV cannot
+    stream within the budget: the placement falls back to the CPU, and a run with the gpu tier's
+    capacity set to the budget stays inside it (a streamed run would overflow the ledger)."""
+    from hybridgen.kv import TieredStore
+    from hybridgen.methods.placement import KVShape, place
+    from hybridgen.model import load_model
+
+    engine = load_model("smollm2-135m", weights="random", num_layers=6, tokenizer=False, seed=0)
+    sp, B, T, N = engine.spec, 2, 64, 4
+    shape = KVShape(sp.num_layers, sp.num_kv_heads, sp.head_dim, 4, B, T + N, N)
+    params = {"window": 4}
+    keeps = pyramid_budgets(-(-T // 5), 4, T, sp.num_layers, 20)
+    per_token = B * (shape.token_bytes + shape.mask_bytes)
+    slots = 2 * (max(keeps) + N) * per_token
+    mean_slots = 2 * (sum(keeps) / len(keeps) + N) * per_token
+    assert mean_slots < slots - 1 and slots < sum(k + N for k in keeps) * per_token  # the case exists
+    assert place("pyramidkv", slots, shape, params) == {**params, "offload": "stream"}
+    assert place("pyramidkv", slots - 1, shape, params) == {**params, "offload": "cpu"}
+    ids = torch.randint(3, 1000, (B, T), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, :9] = 0  # padding: the masks are allocated, so the bytes are exact
+    for G in (slots, slots - 1):
+        store = TieredStore(gpu=G)  # a CapacityError here: the placement overflowed the budget
+        res = engine.generate(ids, build_method("pyramidkv", **place("pyramidkv", G, shape, params)),
+                              max_new_tokens=N, attention_mask=mask, store=store)
+        assert res.tokens.shape == (B, N)
+        assert store.peak_by_tier()["gpu"] == (slots if G == slots else 0)
 
 
 @pytest.mark.parametrize("offload", ["stream", "cpu"])

@@ -202,10 +202,17 @@ def test_layer_cost_moves_the_right_way():
     shape = pm.ModelShape(name="llama-3.1-8b-shape", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                           head_dim=128, intermediate_size=14336, vocab_size=128256)
     c = pm.CostContext(shape, pm.Workload(batch=8, context=131072), pm.load_profile("h200-host"))
-    lay = ShadowKV(budget="2048t").layer_cost(c)
+    m = ShadowKV(budget="2048t")
+    lay = m.layer_cost(c)
     assert lay.label == "shadowkv" and lay.breakdown["h2d_bytes"] == 8 * 2048 * 8 * 128 * c.b
-    br = lay.breakdown  # the value fetch overlaps the key rebuild; scoring before, attention after
-    assert lay.attn == pytest.approx(br["score_s"] + max(br["fetch_s"], br["rebuild_s"]) + br["gpu_attn_s"])
+    br = lay.breakdown  # as _fetch runs: scoring, ids down, host gather, copy up, rebuild, attention in turn
+    assert lay.attn == pytest.approx(br["score_s"] + br["ids_s"] + br["gather_s"] + br["copy_s"] + br["rebuild_s"]
+                                     + br["gpu_attn_s"])
+    assert br["fetch_s"] == pytest.approx(br["ids_s"] + br["gather_s"] + br["copy_s"]) and br["rebuild_s"] > 0
+    assert lay.layer == pytest.approx(c.rest + lay.attn)  # no cross-layer prefetch in the code
+    # GPU residency is the ledger's layout (unpadded, at the context S, nothing generated)
+    on_gpu = (shape.num_layers * lay.gpu_tokens + lay.staging_tokens) * c.B * c.kv_tok
+    assert on_gpu == pytest.approx(m.gpu_bytes(shape.num_layers, 8, 8, 128, c.b, c.S, 0, masked=False))
     inf = build_method("infinigen", budget="2048t").layer_cost(c)  # fetches K and V of as many tokens
     assert br["h2d_bytes"] == pytest.approx(inf.breakdown["h2d_bytes"] / 2)
     assert shadowkv_cost(c, 0.1, 160, 8, 4, 0.1875).attn > lay.attn

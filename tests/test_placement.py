@@ -17,7 +17,10 @@ from hybridgen.methods.placement import KVShape, derive_params, gpu_kv_bytes, pl
 from hybridgen.model import load_model
 from hybridgen.perf import Workload, predict_step
 
-PLACEABLE = ["full", "hybrid-exact", "hybridgen", "flexgen", "infinigen", "h2o", "snapkv", "streamingllm", "quest"]
+PLACEABLE = ["full", "hybrid-exact", "hybridgen", "flexgen", "infinigen", "h2o", "snapkv", "streamingllm", "quest",
+             "pyramidkv", "shadowkv", "magicpig"]
+# methods whose GPU part is fixed by their design: placed as they are, or refused in one line
+REFUSABLE = ("full", "infinigen", "shadowkv", "magicpig")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def test_placed_runs_stay_within_the_budget(tiny, share):
             params = place(name, G, shape)
         except ConfigError as err:  # cannot fit at all: refused, in one line, naming the budget
             assert "memory.gpu_kv" in str(err) and "\n" not in str(err), name
-            assert name in ("full", "infinigen") and share < 1, name
+            assert name in REFUSABLE and share < 1, name
             continue
         store = TieredStore(gpu=G)  # a CapacityError here would mean the placement overflowed
         res = tiny.generate(ids, build_method(name, **params), max_new_tokens=N, attention_mask=mask, store=store)
@@ -51,6 +54,36 @@ def test_placed_runs_stay_within_the_budget(tiny, share):
         assert place("h2o", G, shape) == {"offload": "none"} and place("flexgen", G, shape) == {"gpu_budget": f"{T + N}t"}
     if share < 0.1:
         assert place("h2o", G, shape)["offload"] == "cpu" and place("quest", G, shape)["offload"] == "cpu"
+
+
+@pytest.mark.parametrize("name", ["shadowkv", "magicpig", "pyramidkv"])
+def test_peers_place_exactly_what_the_ledger_holds(tiny, name):
+    """ShadowKV (low-rank keys, landmarks, outliers, local window on the GPU; values on the host)
+    and MagicPIG (sinks + window + generated tokens and the hyperplanes on the GPU; KV and hash
+    tables on the host) fit a budget of exactly their GPU bytes and are refused one byte below;
+    PyramidKV is resident at exactly the sum of its layer budgets. A run under that budget holds
+    exactly it (padded rows: the masks are allocated, as the placement counts them)."""
+    sp, B, T, N = tiny.spec, 2, 160, 4  # longer than MagicPIG's sinks + window: a host part exists
+    shape = KVShape(sp.num_layers, sp.num_kv_heads, sp.head_dim, 4, B, T + N, N)
+    m = build_method(name)
+    if name == "pyramidkv":
+        G = sum(n + N for n in m.prompt_keeps(T, sp.num_layers)) * B * (shape.token_bytes + shape.mask_bytes)
+        assert place(name, G, shape) == {"offload": "none"} and place(name, G - 1, shape)["offload"] != "none"
+    else:
+        G = m.gpu_bytes(sp.num_layers, B, sp.num_kv_heads, sp.head_dim, 4, T, N, masked=True)
+        assert place(name, G, shape) == {}
+        with pytest.raises(ConfigError, match="memory.gpu_kv gives") as err:
+            place(name, G - 1, shape)
+        assert "\n" not in str(err.value)
+    ids = torch.randint(3, 1000, (B, T), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, :7] = 0
+    store = TieredStore(gpu=G)
+    res = tiny.generate(ids, build_method(name, **place(name, G, shape)), max_new_tokens=N, attention_mask=mask,
+                        store=store)
+    assert res.tokens.shape == (B, N) and store.peak_by_tier()["gpu"] == G
+    if name != "pyramidkv":
+        assert store.peak_by_tier()["dram"] > 0  # values (ShadowKV) / KV and tables (MagicPIG) on the host
 
 
 def test_derived_shares_shrink_with_the_budget():
@@ -74,7 +107,7 @@ def test_projected_gpu_memory_within_the_budget(model, gpu, batch, prompt):
             try:
                 params = place(name, G, shape)
             except ConfigError:
-                assert name in ("full", "infinigen"), name
+                assert name in REFUSABLE, name
                 continue
             p = predict_step(build_method(name, **params), model, w, gpu)
             from hybridgen.perf.context import CostContext
