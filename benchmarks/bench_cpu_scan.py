@@ -50,6 +50,8 @@ from hybridgen.attention import native  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
 from hybridgen.host_branch import host_branch, topk_count  # noqa: E402
+from hybridgen.eval.environment import cpu_model  # noqa: E402
+from hybridgen.eval.provenance import code_version  # noqa: E402
 from hybridgen.hybrid import HybridGen  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 
@@ -285,8 +287,9 @@ def main(argv=None) -> int:
                           "dtype": "bfloat16"},
                 "reps": args.reps, "copies": args.copies, "cold_bytes_per_copy": B * H * T * D * 2,
                 "recall": recall_note(rec, rk, rec_T), "by_threads": runs,
-                "oversample": args.oversample,
-                "machine": {"cpus": os.cpu_count(), "cpu_isa": native.ISA_NAMES[native.isa()],
+                "oversample": args.oversample, "command": " ".join(["python", *sys.argv]),
+                "code": code_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "cpu_isa": native.ISA_NAMES[native.isa()],
                             "torch": torch.__version__},
                 "elapsed_s": time.perf_counter() - t_start})
     print(f"elapsed {out['elapsed_s']:.0f} s")

@@ -37,3 +37,25 @@ def test_bench_gpu_cpu_smoke_runs(tmp_path):
     csv_text = (tmp_path / "bench_gpu.csv").read_text()
     for method in ("full", "hybrid-exact", "hybridgen", "flexgen-stream", "flexgen-cpu"):
         assert f",{method}," in csv_text
+
+
+def test_cpu_branch_benchmark_writes_its_numbers(tmp_path):
+    """benchmarks/bench_cpu_scan.py on a tiny shape: the JSON the issue's targets are read from
+    (read / scan / branch GB/s, sketch and bf16-limit tokens/s, thread counts, provenance)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "quick.json"
+    res = subprocess.run([sys.executable, "benchmarks/bench_cpu_scan.py", "--batch", "1", "--kv-heads", "2",
+                          "--tokens", "1024", "--reps", "1", "--copies", "1", "--threads", "1", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=pm.PROFILE_DIR.parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    for key in ("read_gbps", "scan_gbps", "branch_gbps", "sketch_tokens_per_s", "bf16_limit_tokens_per_s"):
+        assert data[key] > 0, key
+    assert data["threads"] == 1 and set(data["targets_met"]) == {"scan_over_read", "branch_over_read",
+                                                                 "sketch_over_bf16_limit"}
+    assert data["ratios"]["scan_over_read"] == pytest.approx(data["scan_gbps"] / data["read_gbps"])
+    assert data["code"]["commit"] is None or len(data["code"]["commit"]) == 40
+    assert "targets:" in res.stdout and "recall of the exact top-" in res.stdout
