@@ -53,6 +53,7 @@ def hydra_job(cfg: DictConfig) -> Optional[str]:
     from hydra.core.hydra_config import HydraConfig
 
     from experiments import runner
+    from experiments.session import Outcome, shared_session
     from experiments.validate import to_run_config, validate
 
     hc = HydraConfig.get()
@@ -60,7 +61,7 @@ def hydra_job(cfg: DictConfig) -> Optional[str]:
     overrides = list(hc.overrides.task)
     if _STATE["stop"]:  # fail_fast=true after a failed point: the launcher still calls us for the rest
         return "not run"
-    session = runner.shared_session()
+    session = shared_session()
     run_cfg = to_run_config(cfg)
     try:
         if preflight.PLAN.points is None or len(preflight.PLAN.points) <= num:
@@ -70,7 +71,7 @@ def hydra_job(cfg: DictConfig) -> Optional[str]:
         out = runner.run_point(run_cfg, session, overrides)
     except HybridGenError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        out = runner.Outcome(_point_name(runner, run_cfg), "failed", {"method": run_cfg.method.name}, str(err))
+        out = Outcome(_point_name(run_cfg), "failed", {"method": run_cfg.method.name}, str(err))
         _STATE["user_error"] = True
         if run_cfg.fail_fast:
             _STATE["stop"] = True
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
     """Run the sweep of ``argv`` (default: the command line); the exit status."""
     import os
 
-    from experiments import runner
+    from experiments.session import shared_session
     from experiments.validate import friendly_error, method_param_overrides
 
     argv = method_param_overrides(list(sys.argv[1:] if argv is None else argv))
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     _OUTCOMES.clear()
     _STATE.update(stop=False, user_error=False)
     preflight.PLAN.__init__()
-    runner.shared_session(fresh=True)
+    shared_session(fresh=True)
     saved_argv, saved_env = list(sys.argv), os.environ.get("HYDRA_FULL_ERROR")
     sys.argv[1:] = argv
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us (one line below), not Hydra's printer
@@ -126,6 +127,8 @@ def main(argv=None) -> int:
 def _report() -> int:
     """The end-of-sweep table (points run elsewhere are read back from the results store)."""
     from experiments import runner
+    from experiments.point import name_of
+    from experiments.session import Outcome
     from hybridgen.results import ResultsStore, load_run
 
     points = preflight.PLAN.points
@@ -140,12 +143,12 @@ def _report() -> int:
                 continue
             if _STATE["stop"]:
                 continue  # not run: fail_fast stopped the sweep before it
-            name = runner.name_of(pt.cfg)
+            name = name_of(pt.cfg)
             store = ResultsStore(pt.cfg.results_dir, pt.cfg.exp.name)
             if store.is_done(name):
-                outcomes.append(runner.Outcome(name, "done", runner._safe_row(pt.cfg, load_run(store.run_dir(name)))))
+                outcomes.append(Outcome(name, "done", runner._safe_row(pt.cfg, load_run(store.run_dir(name)))))
             else:
-                outcomes.append(runner.Outcome(name, "missing", {"method": pt.cfg.method.name}))
+                outcomes.append(Outcome(name, "missing", {"method": pt.cfg.method.name}))
     if not outcomes:
         return 0
     first = points[0].cfg if points else None
@@ -161,10 +164,12 @@ def _report() -> int:
     return 2 if any(o.status in ("failed", "missing") for o in outcomes) else 0
 
 
-def _point_name(runner, cfg) -> str:
+def _point_name(cfg) -> str:
     """The run name of a failed point (its config text when even naming failed)."""
+    from experiments.point import name_of
+
     try:
-        return runner.name_of(cfg)
+        return name_of(cfg)
     except Exception:  # noqa: BLE001 - naming is what failed: fall back to the method
         return f"{cfg.exp.name}/{cfg.method.name}"
 

@@ -1,10 +1,11 @@
 """Execute run points: generation (timed) or accuracy (lm-eval), written to the results store.
 
-One point = one run directory ``results/<exp>/<run-name>/`` (see hybridgen.results). A
-:class:`Session` keeps the loaded engine and reference generations between points; the
-process's one (:func:`shared_session`) outlives a Hydra job, so the jobs of a sweep that the
-launcher runs in this process (Hydra's basic launcher: all of them, in turn) load each model
-once and compute each fidelity reference once.
+One point = one run directory ``results/<exp>/<run-name>/`` (see hybridgen.results; its
+name and identity: experiments/point.py). A :class:`experiments.session.Session` keeps the
+loaded engine and reference generations between points; the process's one
+(:func:`experiments.session.shared_session`) outlives a Hydra job, so the jobs of a sweep that
+the launcher runs in this process (Hydra's basic launcher: all of them, in turn) load each
+model once and compute each fidelity reference once.
 
 metrics.json of a generation run (all sizes in bytes, times in seconds unless named _ms):
     run          name, exp, status, started/finished, wall_s, overrides
@@ -23,260 +24,20 @@ metrics.json of a generation run (all sizes in bytes, times in seconds unless na
 """
 from __future__ import annotations
 
-import functools
-import json
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.point import build, key_params, name_of, placement_refusal, realized, store_hardware
+from experiments.session import Outcome, Session
 from hybridgen.errors import HybridGenError
 from hybridgen.result_tables import format_table
-from hybridgen.results import CONFIG, ResultsStore, hardware_part, run_name, write_json
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-
-
-# ----------------------------------------------------------------------------- naming
-def method_params(cfg: DictConfig) -> Dict[str, Any]:
-    """The point's method parameters: method.params, plus the placement derived from
-    memory.gpu_kv when it is set (explicit params win; hybridgen.methods.placement)."""
-    params = OmegaConf.to_container(cfg.method.params, resolve=True) or {}
-    gpu_kv = OmegaConf.select(cfg, "memory.gpu_kv", default=None)
-    if gpu_kv is None:
-        return params
-    if placement_refusal(cfg) is not None:  # exp.kind=project only: the projection says "does not fit"
-        return params
-    return dict(_placed_cfg(cfg, params))
-
-
-def _placed_cfg(cfg: DictConfig, params: Dict[str, Any]) -> Dict[str, Any]:
-    return _placed(cfg.method.name, json.dumps(params, sort_keys=True, default=str), str(cfg.memory.gpu_kv),
-                   json.dumps(OmegaConf.to_container(cfg.hardware, resolve=True), sort_keys=True, default=str),
-                   json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True, default=str),
-                   json.dumps(OmegaConf.to_container(cfg.workload, resolve=True), sort_keys=True, default=str))
-
-
-def placement_refusal(cfg: DictConfig) -> Optional[str]:
-    """exp.kind=project with memory.gpu_kv: the one line of a placement that cannot fit the budget
-    (e.g. full's whole KV on a 32 GB GPU), else None. A projection records it as 'does not fit'
-    instead of refusing the whole sweep; a bad budget text still raises, and so does every refusal
-    of a run that would execute (kind=generate / accuracy)."""
-    if cfg.exp.kind != "project" or OmegaConf.select(cfg, "memory.gpu_kv", default=None) is None:
-        return None
-    from hybridgen.methods.placement import budget_and_shape
-
-    budget_and_shape(str(cfg.memory.gpu_kv), OmegaConf.to_container(cfg.hardware, resolve=True),
-                     OmegaConf.to_container(cfg.model, resolve=True),
-                     OmegaConf.to_container(cfg.workload, resolve=True))  # a bad budget: raises
-    try:
-        _placed_cfg(cfg, OmegaConf.to_container(cfg.method.params, resolve=True) or {})
-    except HybridGenError as err:
-        return str(err)
-    return None
-
-
-@functools.lru_cache(maxsize=64)
-def _placed(name: str, params: str, gpu_kv: str, hardware: str, model: str, workload: str) -> Dict[str, Any]:
-    from hybridgen.methods.placement import derive_params
-
-    return derive_params(name, json.loads(params), gpu_kv, json.loads(hardware), json.loads(model), json.loads(workload))
-
-
-def store_hardware(cfg: DictConfig) -> Any:
-    """The hardware node the run's store is built from: with memory.gpu_kv set, the gpu tier's
-    capacity is that budget (so the tier ledger enforces it)."""
-    gpu_kv = OmegaConf.select(cfg, "memory.gpu_kv", default=None)
-    if gpu_kv is None:
-        return cfg.hardware
-    from hybridgen.methods.placement import budget_and_shape
-
-    g, _ = budget_and_shape(str(gpu_kv), OmegaConf.to_container(cfg.hardware, resolve=True),
-                            OmegaConf.to_container(cfg.model, resolve=True),
-                            OmegaConf.to_container(cfg.workload, resolve=True))
-    return {**OmegaConf.to_container(cfg.hardware, resolve=True), "gpu_capacity": g}
-
-
-def build(cfg: DictConfig):
-    """The point's method instance, built once per point (naming, running and projecting share it;
-    ``bind`` resets its state for each generation)."""
-    return _build(cfg.method.name, json.dumps(method_params(cfg), sort_keys=True, default=str))
-
-
-@functools.lru_cache(maxsize=1)
-def _build(name: str, params_json: str):
-    from hybridgen.methods import build_method
-
-    return build_method(name, **json.loads(params_json))
-
-
-@functools.lru_cache(maxsize=None)
-def _defaults(name: str) -> Dict[str, Any]:
-    from hybridgen.methods import build_method
-
-    return build_method(name).config()
-
-
-def key_params(cfg: DictConfig) -> Dict[str, Any]:
-    """Parameters shown in the run name: those differing from the method's defaults, and budgets."""
-    full, defaults = build(cfg).config(), _defaults(cfg.method.name)
-    return {k: v for k, v in full.items() if v != defaults.get(k) or k == "budget" or k.endswith("_budget")}
-
-
-def identity(cfg: DictConfig) -> Dict[str, Any]:
-    """Everything that identifies a run (its hash names the directory)."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    hw = {k: v for k, v in c["hardware"].items() if k not in ("description",)}
-    ident = {"model": c["model"], "method": {"name": cfg.method.name, "params": build(cfg).config()},
-             "hardware": hw, "seed": c["seed"],
-             "exp": {k: c["exp"][k] for k in ("kind", "fidelity", "reference", "repeats", "warmup")},
-             "realized": realized(cfg)}
-    if cfg.exp.kind == "accuracy":
-        ident["accuracy"] = c["exp"]["accuracy"]
-    else:
-        ident["workload"] = c["workload"]
-    return ident
-
-
-def realized(cfg: DictConfig) -> Dict[str, Any]:
-    """What the point's numbers come from beyond its config (part of its identity and name):
-    the realized device (CUDA device name or 'cpu-emulated'; 'projected' for kind=project,
-    which measures nothing), the dtype and the number of layers actually run."""
-    from hybridgen.eval.provenance import realized_device
-    from hybridgen.model import model_spec
-
-    layers = int(cfg.model.num_layers) if cfg.model.num_layers else model_spec(cfg.model.name).num_layers
-    device = "projected" if cfg.exp.kind == "project" else realized_device()
-    return {"device": device, "dtype": str(cfg.model.dtype), "num_layers": layers}
-
-
-def name_of(cfg: DictConfig) -> str:
-    w = cfg.workload
-    extra = ""
-    r = realized(cfg)
-    hw = hardware_part(r["device"], r["dtype"], r["num_layers"])
-    if cfg.exp.kind == "accuracy":
-        a = cfg.exp.accuracy
-        extra = f"acc{len(a.tasks)}t-l{a.limit if a.limit is not None else 'all'}-f{a.num_fewshot}-{a.score_mode}"
-        return run_name(cfg.model.name, cfg.model.weights, cfg.method.name, key_params(cfg), 0, 0, 0, "tasks",
-                        cfg.seed, identity(cfg), extra=extra, hardware=hw).replace("__b0-p0-g0-tasks", "")
-    return run_name(cfg.model.name, cfg.model.weights, cfg.method.name, key_params(cfg), w.batch,
-                    w.prompt_len, w.gen_len, w.source, cfg.seed, identity(cfg), hardware=hw)
-
-
-# ----------------------------------------------------------------------------- session
-@dataclass
-class Outcome:
-    name: str
-    status: str                      # 'done' | 'skipped' | 'failed'
-    row: Dict[str, Any] = field(default_factory=dict)
-    error: str = ""
-    note: str = ""                   # e.g. a skipped run measured at another commit
-
-
-class Session:
-    """State shared by the points of one process: the engine and the reference generations."""
-
-    def __init__(self, log: Callable[[str], None] = None):
-        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-        self._engine_key: Optional[str] = None
-        self._engine = None
-        self._refs: Dict[str, Any] = {}
-        self.warmed: set = set()
-        self._env: Optional[Dict[str, Any]] = None
-        self.loads = 0                   # models loaded by this session (a sweep over methods: 1)
-
-    def environment(self) -> Dict[str, Any]:
-        if self._env is None:
-            from hybridgen.eval.environment import environment
-
-            self._env = environment()
-        return self._env
-
-    def engine(self, cfg: DictConfig):
-        from hybridgen.model import load_model
-
-        m = cfg.model
-        key = f"{m.name}|{m.weights}|{m.dtype}|{m.num_layers}|{cfg.seed}|{_weights_location(m.name)}"
-        failed = getattr(self, "_load_error", None)
-        if failed is not None and failed[0] == key:
-            raise failed[1]  # the same model failed to load for an earlier point: do not retry
-        if key != self._engine_key:
-            self._engine, self._engine_key, self._refs = None, None, {}
-            t0 = time.perf_counter()
-            try:
-                self._engine = load_model(m.name, weights=m.weights, dtype=m.dtype, seed=int(cfg.seed),
-                                          num_layers=m.num_layers)
-            except HybridGenError as err:
-                self._load_error = (key, err)
-                raise
-            self._engine_key = key
-            self.loads += 1
-            self.log(f"loaded {self._engine!r} in {time.perf_counter() - t0:.1f}s")
-        return self._engine
-
-    @staticmethod
-    def _ref_key(cfg: DictConfig) -> Tuple[str, str, Dict[str, Any]]:
-        from experiments.validate import reference_method
-
-        name, params = reference_method(cfg.exp.reference)
-        key = f"{name}|{params}|{OmegaConf.to_container(cfg.workload)}|{cfg.seed}"
-        return key, name, params
-
-    def offer_reference(self, cfg: DictConfig, result) -> None:
-        """Keep ``result`` as the reference when this run IS the reference method with its defaults."""
-        key, name, params = self._ref_key(cfg)
-        if result.logits is not None and cfg.method.name == name and method_params(cfg) == params:
-            self._refs = {key: result}
-
-    def reference(self, cfg: DictConfig, engine, ids, mask) -> Any:
-        """Greedy generation (tokens + logits) of exp.reference for this workload (cached in memory)."""
-        from hybridgen.eval.generation import make_store
-        from hybridgen.methods import build_method
-
-        key, name, params = self._ref_key(cfg)
-        if key not in self._refs:
-            self.log(f"reference generation ({cfg.exp.reference}) for fidelity ...")
-            method = build_method(name, **params)
-            # the reference is the method's ideal, not a competitor: it runs without the tier
-            # capacities the method under test lives with (a method that fits must not lose its
-            # measurement because the dense reference would not fit)
-            unlimited = {**OmegaConf.to_container(cfg.hardware, resolve=True),
-                         "gpu_capacity": None, "dram_capacity": None, "cxl_capacity": None}
-            self._refs = {key: engine.generate(ids, method, max_new_tokens=int(cfg.workload.gen_len),
-                                               attention_mask=mask, store=make_store(unlimited, engine),
-                                               return_logits=True, progress=bool(cfg.progress))}
-        return self._refs[key]
-
-
-_SHARED: Optional[Session] = None
-
-
-def shared_session(fresh: bool = False) -> Session:
-    """The Session of this process (``fresh=True``: a new one, as each ``run.py`` invocation starts)."""
-    global _SHARED
-    if _SHARED is None or fresh:
-        _SHARED = Session()
-    return _SHARED
-
-
-def _weights_location(name: str) -> str:
-    """Where the weights of ``name`` are read from (part of the engine's cache key): the prepared
-    SmolLM2 cache (``HYBRIDGEN_CACHE``), a checkpoint directory, or the name itself (hub id,
-    shipped shapes)."""
-    import os
-
-    from hybridgen.model import smollm2
-
-    if str(name) == smollm2.MODEL_NAME:
-        return str(smollm2.prepared_dir())
-    path = Path(str(name)).expanduser()
-    return str(path.resolve()) if path.exists() else f"{name}|{os.environ.get('HF_HUB_CACHE', '')}"
+from hybridgen.results import CONFIG, ResultsStore, write_json
 
 
 # ----------------------------------------------------------------------------- one point

@@ -63,7 +63,7 @@ def validate(cfg: DictConfig) -> None:
     _check_numa_nodes(cfg.hardware)
     if cfg.exp.kind == "accuracy" and not cfg.exp.accuracy.tasks:
         raise ConfigError("exp.kind=accuracy needs exp.accuracy.tasks (e.g. exp.accuracy.tasks=[hg_bigbench_social_iqa])")
-    from experiments.runner import method_params
+    from experiments.point import method_params
 
     build_method(cfg.method.name, **method_params(cfg))
     if cfg.exp.kind == "project" and not cfg.hardware.profile:

@@ -166,24 +166,24 @@ def test_uvm_is_projected_only():
 def test_memory_gpu_kv_config_key_drives_method_params():
     from omegaconf import OmegaConf
 
-    from experiments import runner
+    from experiments import point
     from experiments.schema import RunConfig
 
     cfg = OmegaConf.structured(RunConfig)
     cfg.model.num_layers = 2
     cfg.workload.prompt_len, cfg.workload.gen_len = 256, 4
     cfg.method.name = "h2o"
-    assert runner.method_params(cfg) == {}  # no budget: each method's own knobs
+    assert point.method_params(cfg) == {}  # no budget: each method's own knobs
     cfg.memory.gpu_kv = "50KB"
-    assert runner.method_params(cfg) == {"offload": "cpu"}
-    assert runner.store_hardware(cfg)["gpu_capacity"] == 50_000  # the ledger enforces the budget
+    assert point.method_params(cfg) == {"offload": "cpu"}
+    assert point.store_hardware(cfg)["gpu_capacity"] == 50_000  # the ledger enforces the budget
     cfg.memory.gpu_kv = "200KB"
-    assert runner.method_params(cfg) == {"offload": "none"}
+    assert point.method_params(cfg) == {"offload": "none"}
     cfg.method.params = {"offload": "stream"}
-    assert runner.method_params(cfg) == {"offload": "stream"}  # explicit wins
+    assert point.method_params(cfg) == {"offload": "stream"}  # explicit wins
     cfg.method.name, cfg.method.params = "flexgen", {}
-    assert runner.method_params(cfg)["gpu_budget"].endswith("t")
+    assert point.method_params(cfg)["gpu_budget"].endswith("t")
     cfg.memory.gpu_kv = "lots"
     with pytest.raises(ConfigError, match="memory.gpu_kv") as err:
-        runner.method_params(cfg)
+        point.method_params(cfg)
     assert "\n" not in str(err.value)

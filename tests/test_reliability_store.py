@@ -207,17 +207,17 @@ def test_a_failing_point_does_not_stop_the_others_unless_fail_fast(tmp_path):
 
 
 def test_run_identity_names_the_realized_hardware_and_records_code_and_kernels(tmp_path):
-    from experiments import preflight, runner
+    from experiments import point, preflight
     from hybridgen.eval.provenance import code_version, realized_device
 
     (pt, cfg), = preflight.resolve_points(["method=hybridgen", f"results_dir={tmp_path}", *TINY])
-    name = runner.name_of(cfg)
+    name = point.name_of(cfg)
     device = realized_device()
     assert f"__{results.slug(device, 40)}-fp32-L1__" in name
-    ident = runner.identity(cfg)
+    ident = point.identity(cfg)
     assert ident["realized"] == {"device": device, "dtype": "float32", "num_layers": 1}
     (_, cfg2), = preflight.resolve_points(["method=hybridgen", f"results_dir={tmp_path}", *TINY, "model.dtype=bfloat16"])
-    assert runner.name_of(cfg2) != name and "-bf16-L1__" in runner.name_of(cfg2)
+    assert point.name_of(cfg2) != name and "-bf16-L1__" in point.name_of(cfg2)
     rc, out, err = _main(["method=hybridgen", f"results_dir={tmp_path}", *TINY])
     assert rc == 0, err[-2000:]
     m = results.load_run(results.ResultsStore(tmp_path, "adhoc").run_dir(name))
