@@ -78,7 +78,7 @@ class HybridGen(KVMethod):
         selected logits exactly (hybridgen.attention.key_sketch); 'none' scans the keys.
     sketch_oversample: with a sketch, take ceil(sketch_oversample * k) candidates from it and
         keep the k best by their exact logits (recall of the exact top-k on SmolLM2's keys,
-        int4: ~0.95 at 1.0, >= 0.99 at 1.25; results/cpu_scan/README.md).
+        int4: 0.95 at 1.0, 0.995 at 1.25; results/hybridgen_fidelity/README.md).
     sched_interval, sched_per_layer, adapt_window, adapt_split, split_step: scheduler knobs.
     """
 
