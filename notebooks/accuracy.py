@@ -39,9 +39,25 @@ def score_cols(df):
     return out
 
 
+def default_budget(name):
+    """The budget a method has at its dataclass defaults (None: no budget parameter)."""
+    from hybridgen.methods import build_method
+
+    return build_method(name).config().get("budget")
+
+
 def method_label(row):
+    """The method's name, plus what sets its row apart from the method at its defaults: a fixed
+    top-k ratio (hybridgen-b20) or a budget other than the method's default (shadowkv-b20)."""
+    name = row["method.name"]
+    extra = []
     ratio = row.get("method.params.topk_ratio")
-    return row["method.name"] + (f" (topk {ratio:g})" if isinstance(ratio, float) and ratio == ratio else "")
+    if isinstance(ratio, float) and ratio == ratio:
+        extra.append(f"topk {ratio:g}")
+    budget = row.get("method.params.budget")
+    if isinstance(budget, str) and budget != default_budget(name):
+        extra.append(f"budget {budget}")
+    return name + (f" ({', '.join(extra)})" if extra else "")
 
 
 if acc is not None:
@@ -51,7 +67,8 @@ if acc is not None:
     item_runs = {}
     for d in plotdata.run_dirs("accuracy"):
         m = plotdata.load_json(d / "metrics.json")
-        row = {"method.name": m["method"]["name"], "method.params.topk_ratio": m["method"]["params"].get("topk_ratio")}
+        row = {"method.name": m["method"]["name"], "method.params.topk_ratio": m["method"]["params"].get("topk_ratio"),
+               "method.params.budget": m["method"]["params"].get("budget")}
         if (d / "samples.jsonl").exists():
             item_runs[method_label(row)] = paired.item_scores(d / "samples.jsonl")
     comparisons = paired.compare(item_runs, "full", margin=0.02)
@@ -72,7 +89,8 @@ if acc is not None:
     header = (f"Accuracy of every method vs `full` ({acc['model.name'].iloc[0]}, lm-eval {limit} items per task "
               "where the task has that many; multiple choice: acc_norm; needle: exact match; continuations scored "
               "by teacher-forced decode steps through each method).\n\n"
-              "Command: `python experiments/run.py +exp=accuracy` then `make figures`.\n\n")
+              "Command: `make results EXP=accuracy` (= `python experiments/run.py +exp=accuracy results_dir=results`; "
+              "`ARGS=\"force=true\"` replaces finished runs), then `make figures`.\n\n")
     try:
         extra = table.to_markdown(index=False, floatfmt=".4f")
     except ImportError:  # tabulate missing
