@@ -30,6 +30,8 @@ BAD = [
     ("hybridgen", "topk_ratio", 0, "in (0, 1]"),
     ("hybridgen", "group_score", "mean", "one of 'max', 'sum'"),
     ("hybridgen", "mapping", "ssd", "one of 'semantic'"),
+    ("hybridgen", "key_sketch", "int2", "one of 'none', 'int8', 'int4'"),
+    ("hybridgen", "sketch_oversample", 0.5, "in [1, 16]"),
     ("flexgen", "attention_on", "tpu", "one of 'gpu', 'cpu'"),
     ("hybrid-exact", "key_tier", "gpu", "one of 'dram', 'cxl'"),
     ("snapkv", "kernel", 4, "odd integer"),
