@@ -31,8 +31,19 @@ def test_notebook_without_results_explains_and_exits_cleanly(nb, tmp_path):
     p = _nb(nb, tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     said = p.stdout + p.stderr  # the explanation is a logged warning (stderr)
-    assert "python experiments/run.py +exp=" in said or "+exp=" in said
+    assert "+exp=" in said or "python benchmarks/" in said  # the command that makes its data
     assert not list((tmp_path / "figures").glob("*.png")) if (tmp_path / "figures").exists() else True
+
+
+def test_cpu_scan_notebook_draws_the_benchmark_json(tmp_path):
+    import shutil
+
+    (tmp_path / "cpu_scan").mkdir()
+    shutil.copy(ROOT / "results" / "cpu_scan" / "quick.json", tmp_path / "cpu_scan" / "quick.json")
+    p = _nb(ROOT / "notebooks" / "cpu_scan.py", tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = tmp_path / "figures" / "cpu_scan.png"
+    assert out.exists() and out.stat().st_size > 5000
 
 
 def test_notebooks_draw_from_real_runs(tmp_path):
