@@ -223,7 +223,7 @@ def rerank(cand_logits: Tensor, cand: Tensor, k: int, how: str, scan_logits: Opt
         ap = approx.contiguous() if use_lse and approx is not None else None
         (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), kc, G, SELECT_HOW["raw" if G == 1 else how],
                                            k, pos.data_ptr(), sel.data_ptr(), st.data_ptr() if st is not None else None,
-                                           nblk, ap.data_ptr() if ap is not None else None)
+                                           nblk, ap.data_ptr() if ap is not None else None, work=B * Hq * kc)
         return cand.gather(2, pos), sel
     if G == 1:
         score = cand_logits

@@ -70,3 +70,22 @@ def test_default_pool_singleton_and_env(monkeypatch):
         default_pool()
     monkeypatch.setattr(cpu_pool, "_default", None)
     p.shutdown()
+
+
+def test_run_split_covers_every_slice_once_and_keeps_small_work_on_the_caller():
+    """Slices [lo, hi) tile [0, total) exactly; below SPLIT_MIN_WORK the caller runs it alone."""
+    pool = CPUAttentionPool(workers=1, split_threads=2)
+    seen, threads = [], set()
+
+    def fn(tag, lo, hi):
+        seen.append((tag, lo, hi))
+        threads.add(threading.get_ident())
+
+    pool.run_split(fn, 10, "big", work=cpu_pool.SPLIT_MIN_WORK)
+    assert sorted(s[1:] for s in seen if s[0] == "big") == [(0, 5), (5, 10)]
+    threads.clear()
+    pool.run_split(fn, 10, "small", work=cpu_pool.SPLIT_MIN_WORK - 1)
+    assert [s[1:] for s in seen if s[0] == "small"] == [(0, 10)] and threads == {threading.get_ident()}
+    pool.run_split(fn, 10, "unknown")  # no work given: split as before
+    assert sorted(s[1:] for s in seen if s[0] == "unknown") == [(0, 5), (5, 10)]
+    pool.shutdown()

@@ -53,6 +53,12 @@ from hybridgen import runtime
 from hybridgen.errors import ConfigError
 
 
+#: the smallest split (elements the kernel touches) worth a second thread: handing a slice to a
+#: pool thread and joining it cost ~60 us on the 2-core development VM (1.6 us inline), about
+#: what the CPU branch's kernels spend on 100-250K elements
+SPLIT_MIN_WORK = 1 << 18
+
+
 class _Chunk:
     """One slice [lo, hi) of a split: run once, by whichever thread claims it first."""
 
@@ -139,14 +145,16 @@ class CPUAttentionPool:
                 self._lock.notify_all()
 
     # ------------------------------------------------------------------ split kernels
-    def run_split(self, fn: Callable, total: int, *args: Any) -> None:
+    def run_split(self, fn: Callable, total: int, *args: Any, work: Optional[int] = None) -> None:
         """Run fn(*args, lo, hi) over [0, total) in up to ``split_threads`` slices, in parallel.
 
         ``fn`` must release the GIL (a nogil numba kernel) and write disjoint outputs per
         slice. The caller runs slices too (the first, then any no pool thread has started),
-        so a split issued from inside a host task never waits on a busy pool.
+        so a split issued from inside a host task never waits on a busy pool. work: about how
+        many elements the call touches; below SPLIT_MIN_WORK it runs on the caller's thread
+        alone, where the hand-off would cost more than the second thread saves.
         """
-        n = min(self.split_threads, total)
+        n = min(self.split_threads, total) if work is None or work >= SPLIT_MIN_WORK else 1
         if n <= 1:
             fn(*args, 0, total)
             return

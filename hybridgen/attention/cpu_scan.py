@@ -162,10 +162,10 @@ def scan_logits_stats(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tens
             stats = torch.empty(B * Hkv, nblk, G, 2, dtype=torch.float32) if mask is None else None
             (pool or default_pool()).run_split(fn, B * Hkv * nblk, qg.data_ptr(), kr.data_ptr(), cap, res.data_ptr(),
                                                float(scale), T, D, G, TOKEN_BLOCK,
-                                               stats.data_ptr() if stats is not None else None)
+                                               stats.data_ptr() if stats is not None else None, work=B * Hkv * T * D)
         else:
             (pool or default_pool()).run_split(scan_kernel(G, bf16), B * Hkv * nblk, qg.numpy(), key_array(kr, bf16),
-                                               cap, res.numpy(), float(scale), T, TOKEN_BLOCK)
+                                               cap, res.numpy(), float(scale), T, TOKEN_BLOCK, work=B * Hkv * T * D)
         logits, exact = res.view(B, Hq, T), True
     else:
         qg = q.reshape(B, Hkv, G, D).to(keys.dtype)
@@ -205,7 +205,7 @@ def topk_indices(scores: Tensor, k: int, backend: str = "torch", pool: Optional[
     if backend == "numba" and HAVE_NUMBA and k > 0:
         flat = scores.reshape(-1, T).contiguous()
         out = torch.empty(flat.shape[0], k, dtype=torch.int64)
-        (pool or default_pool()).run_split(topk_kernel(), flat.shape[0], flat.numpy(), k, out.numpy())
+        (pool or default_pool()).run_split(topk_kernel(), flat.shape[0], flat.numpy(), k, out.numpy(), work=flat.numel())
         return out.view(*scores.shape[:-1], k)
     return torch.topk(scores, k, dim=-1, sorted=False).indices
 
@@ -239,7 +239,7 @@ def select(logits: Tensor, num_kv_heads: int, k: int, per_head: bool, how: str =
         use = stats is not None and not per_head and stats.shape[-2] == G
         (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), T, G, code, k, idx.data_ptr(),
                                            sel.data_ptr(), stats.data_ptr() if use else None,
-                                           stats.shape[1] if use else 0, None)
+                                           stats.shape[1] if use else 0, None, work=B * Hq * T)
         return idx, sel
     scores = logits if per_head else group_scores(logits, num_kv_heads, how)
     idx = topk_indices(scores, k, "numba" if topk_backend == "numba" else "torch", pool=pool)
@@ -264,7 +264,8 @@ def exact_logits_at(q: Tensor, keys: Tensor, idx: Tensor, scale: float,
         ic = idx.contiguous()
         out = torch.empty(B, Hq, k, dtype=torch.float32)
         (pool or default_pool()).run_split(native.lib().hg_rows_bf16, B * Hkv, qg.data_ptr(), kr.data_ptr(), cap,
-                                           ic.data_ptr(), k, out.data_ptr(), float(scale), D, Hq // Hkv)
+                                           ic.data_ptr(), k, out.data_ptr(), float(scale), D, Hq // Hkv,
+                                           work=B * Hq * k * D)
         return out
     return rows_logits(q, gather_rows(keys, idx), scale)
 
@@ -296,7 +297,7 @@ def gather_rows(x: Tensor, idx: Tensor, out: Optional[Tensor] = None,
         dst = out.view(-1) if out is not None else torch.empty(B * Hsel * k * D, dtype=x.dtype)
         ic = idx.contiguous()
         (pool or default_pool()).run_split(lib.hg_gather_rows, B * Hsel, flat.data_ptr(), cap, ic.data_ptr(), k,
-                                           Hsel // Hkv, dst.data_ptr(), D * x.element_size())
+                                           Hsel // Hkv, dst.data_ptr(), D * x.element_size(), work=B * Hsel * k * D)
         return dst[:B * Hsel * k * D].view(B, Hsel, k, D)
     ridx = _flat_row_index(idx, Hkv, cap)
     if out is not None:

@@ -168,7 +168,7 @@ class KeySketch:
             default_pool().run_split(lib.hg_sketch_quantize, B * H * nb, rows.data_ptr(),
                                      int(keys.dtype == torch.bfloat16), cap, self.codes.data_ptr(),
                                      self.codes.shape[2], self.params.data_ptr(), self.params.shape[2], SKETCH_BLOCK,
-                                     self.bits, b0, nb, t1, D)
+                                     self.bits, b0, nb, t1, D, work=B * H * nb * SKETCH_BLOCK * D)
             return
         for c0 in range(t0, t1, chunk_blocks * SKETCH_BLOCK):
             self._quantize_torch(keys, c0, min(t1, c0 + chunk_blocks * SKETCH_BLOCK))
@@ -258,7 +258,7 @@ class KeySketch:
         (pool or default_pool()).run_split(lib.hg_sketch_scan, B * H * nblk, qg.data_ptr(), self.codes.data_ptr(),
                                            self.codes.shape[2], self.params.data_ptr(), self.params.shape[2],
                                            SKETCH_BLOCK, self.bits, lo, full.data_ptr(), row, float(scale), T, D, G,
-                                           SCAN_BLOCK, stats.data_ptr())
+                                           SCAN_BLOCK, stats.data_ptr(), work=B * H * T * D)
         return res.view(B, Hq, T), stats
 
     def _scan_torch(self, qg: Tensor, scale: float, lo: int, hi: int, res: Tensor, chunk_blocks: int = 64) -> None:
