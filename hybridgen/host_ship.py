@@ -74,6 +74,25 @@ class ShipPacker:
         out["_buf"], out["_layout"] = buf, layout
         return out
 
+    def ship(self, key: Hashable, logits: Tensor, v_rows: Tensor, views: Dict[str, Any]
+             ) -> Tuple[Dict[str, Tensor], Any]:
+        """Send what this mode ships for the selected rows' logits [B, Hq, k] (float32, -inf
+        where masked) and V rows [B, Hsel, k, D]: them as they are ('logits') or the CPU's
+        [out, lse] over them ('partial'). Returns (name -> device tensor, copy event or None)."""
+        if self.mode == "partial":
+            out, lse = selected_partial(logits, v_rows)
+            return self.send(key, {"out": out, "lse": lse}, views)
+        return self.send(key, {"logits": logits, "v": v_rows}, views)
+
+    def softmax_part(self, shipped: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+        """The shipped tensors as one part of the GPU's single softmax
+        (:func:`hybridgen.attention.softmax_over_parts`): (logits [B, Hq, 1, k], values
+        [B, Hsel, k, D]), or for 'partial' one entry per head with logit lse and value out
+        ([B, Hq, 1, 1], [B, Hq, 1, D])."""
+        if self.mode == "partial":
+            return shipped["lse"][:, :, None, None], shipped["out"][:, :, None, :]
+        return shipped["logits"][:, :, None, :], shipped["v"]
+
     def send(self, key: Hashable, host: Dict[str, Tensor], views: Dict[str, Any]) -> Tuple[Dict[str, Tensor], Any]:
         """Ship ``host`` (name -> tensor; written into ``views`` unless already there) with one
         copy. Returns (name -> device tensor, the copy's event or None)."""

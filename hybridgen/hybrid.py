@@ -33,8 +33,8 @@ from hybridgen.attention.cpu_scan import resolve_backend, rows_logits, scan_is_e
 from hybridgen.attention.key_sketch import KeySketch
 from hybridgen.attention.partial import _mask_logits
 from hybridgen.branch_timing import BranchTimer
-from hybridgen.host_branch import HostSelection, host_branch, topk_count
-from hybridgen.host_ship import ShipPacker, selected_partial
+from hybridgen.host_branch import HostSelection, host_branch, masked_heads, topk_count
+from hybridgen.host_ship import ShipPacker
 from hybridgen.kv import KVSegment
 from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.mapping import parse_mapping
@@ -46,7 +46,6 @@ from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
 from hybridgen.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
 from hybridgen.stream_slice import StreamSlices
 
-NEG_INF = float("-inf")
 
 
 @dataclass
@@ -231,18 +230,9 @@ class HybridGen(KVMethod):
         or the [out, lse] partial over them. Returns (shipped tensors on the device, copy event)."""
         logits = sel.logits
         if q_true is not None and sel.k_rows is not None:
-            logits = rows_logits(q_true, sel.k_rows, self.ctx.scale)
-            if sel.mask is not None:
-                m = sel.mask if sel.mask.shape[1] == logits.shape[1] else \
-                    sel.mask.repeat_interleave(logits.shape[1] // sel.mask.shape[1], dim=1)
-                logits = logits.masked_fill(~m, NEG_INF)
+            logits = masked_heads(rows_logits(q_true, sel.k_rows, self.ctx.scale), sel.mask)
             self.count("exact_logit_recomputes", 1)
-        if self.ship == "partial":
-            out, lse = selected_partial(logits, sel.v_rows)
-            host = {"out": out, "lse": lse}
-        else:
-            host = {"logits": logits, "v": sel.v_rows}
-        return self.packer.send((layer, "ship"), host, views)
+        return self.packer.ship((layer, "ship"), logits, sel.v_rows, views)
 
     def _cpu_task(self, layer: int, q_host: Tensor, q_ready: Any, keep_keys: bool, lo: int, hi: int,
                   true_query: bool) -> Tuple[HostSelection, float, Optional[Dict[str, Tensor]], Any, Dict[str, Any]]:
@@ -358,10 +348,7 @@ class HybridGen(KVMethod):
                 shipped, ev = self._finish(layer, sel, q_true, views)
             exact_s = time.perf_counter() - t_exact
             self.stager.wait_event(ev)
-            if self.ship == "partial":  # [out, lse] enters the one softmax as one entry of logit lse
-                parts.insert(0, (shipped["lse"][:, :, None, None], shipped["out"][:, :, None, :]))
-            else:
-                parts.insert(0, (shipped["logits"][:, :, None, :], shipped["v"]))
+            parts.insert(0, self.packer.softmax_part(shipped))
             nbytes = sum(t.numel() * t.element_size() for t in shipped.values())
             self.count("bytes_h2d", nbytes)
             self.count("ship_bytes", nbytes)
