@@ -46,7 +46,8 @@ import torch
 
 from hybridgen.errors import cli_errors
 from hybridgen.eval.environment import cpu_model
-from hybridgen.profile_host import SHAPE, ProfileConfig, decode_inputs, gbps, measure_cpu_kernels, measure_numa_nodes
+from hybridgen.profile_host import (SHAPE, ProfileConfig, decode_inputs, gbps, measure_cpu_kernels, measure_numa_nodes,
+                                    mem_gb)
 from hybridgen.timing import median_time
 
 
@@ -101,17 +102,6 @@ def measure_gpu(cfg: ProfileConfig) -> Optional[Dict[str, Any]]:
     return {"gpu": gpu, "link": link, "attention_by_backend": by_backend}
 
 
-# ------------------------------------------------------------------ host facts
-def _mem_gb() -> Optional[float]:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                return round(int(line.split()[1]) * 1024 / 1e9, 1)
-    except OSError:
-        pass
-    return None
-
-
 def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
     """Run every measurement and return the profile dict (schema of hybridgen/profiles)."""
     t0 = time.perf_counter()
@@ -136,7 +126,7 @@ def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
         "host": {
             "cpu": cpu_model(),
             "cores": os.cpu_count(),
-            "dram_gb": _mem_gb(),
+            "dram_gb": mem_gb(),
             "dram_read_gbps": dram_nodes[0]["read_gbps"] if dram_nodes else None,
             "cpu_attention_gbps": cpu["cpu_attention_gbps"],
             "key_scan_gbps": cpu["key_scan_gbps"],

@@ -240,3 +240,14 @@ def measure_op_us(reps: int = 5) -> float:
     n = 50
     per = median_time(lambda: [x.mul(1.0001) for _ in range(n)], max(3, reps)) / n
     return round(per * 1e6, 2)
+
+
+def mem_gb() -> Optional[float]:
+    """This host's memory (GB, /proc/meminfo), None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return round(int(line.split()[1]) * 1024 / 1e9, 1)
+    except OSError:
+        pass
+    return None

@@ -100,19 +100,19 @@ def measure_profile(shape: Optional[LocalShape] = None, dtype: str = "fp32", rep
     """The measured profile dict of this machine (schema of hybridgen/profiles); CPU kernel
     rates at ``shape`` (default: the profiler's Llama-3.1-8B layer, batch 8, 8192 tokens) in
     ``dtype``."""
-    from hybridgen import profile as prof
     from hybridgen.eval.environment import cpu_model
+    from hybridgen.profile import measure_gpu
+    from hybridgen.profile_host import ProfileConfig, measure_cpu_kernels, measure_numa_nodes, mem_gb
 
     shape = shape or LocalShape(8, 32, 8, 128, 8192)
-    cfg = prof.ProfileConfig(dram_bytes=dram_bytes, cpu_tokens=shape.tokens, reps=reps)
+    cfg = ProfileConfig(dram_bytes=dram_bytes, cpu_tokens=shape.tokens, reps=reps)
     t0 = time.perf_counter()
-    nodes = prof.measure_numa_nodes(cfg)
-    cpu = prof.measure_cpu_kernels(cfg, dtypes=(dtype,), shape={"batch": shape.batch, "heads": shape.heads,
-                                                                "kv_heads": shape.kv_heads,
-                                                                "head_dim": shape.head_dim})
+    nodes = measure_numa_nodes(cfg)
+    cpu = measure_cpu_kernels(cfg, dtypes=(dtype,), shape={"batch": shape.batch, "heads": shape.heads,
+                                                           "kv_heads": shape.kv_heads, "head_dim": shape.head_dim})
     read = next((n["read_gbps"] for n in nodes if n["kind"] == "dram" and n.get("read_gbps")), None)
     how = "measured in-process by hybridgen.perf.validate (the machinery of python -m hybridgen.profile)"
-    gpu_meas = prof.measure_gpu(cfg) if torch.cuda.is_available() else None
+    gpu_meas = measure_gpu(cfg) if torch.cuda.is_available() else None
     if gpu_meas is not None:
         gpu, link = gpu_meas["gpu"], dict(gpu_meas["link"], name="host<->GPU link (measured)")
         gpu_how = how + " on the CUDA device"
@@ -120,14 +120,14 @@ def measure_profile(shape: Optional[LocalShape] = None, dtype: str = "fp32", rep
         memcpy = _memcpy_gbps(dram_bytes // 2, reps)
         op_us = cpu["op_us"]
         att = cpu["cpu_attention_gbps"][dtype]
-        gpu = {"name": "emulated on the host CPU (no CUDA)", "memory_gb": prof._mem_gb(), "hbm_gbps": read,
+        gpu = {"name": "emulated on the host CPU (no CUDA)", "memory_gb": mem_gb(), "hbm_gbps": read,
                "attention_gbps": att, "gqa_attention_gbps": att, "matmul_tflops": _matmul_tflops(reps),
                "launch_us": op_us, "emulated_on_host": True}
         link = {"name": "host memcpy (emulated host->gpu copy)", "h2d_pinned_gbps": memcpy, "h2d_pageable_gbps": memcpy,
                 "d2h_pinned_gbps": memcpy, "d2h_pageable_gbps": memcpy, "latency_us": op_us}
         gpu_how = (how + "; no CUDA: the CPU's own rates (attention = CPU partial_attention, hbm = host read, "
                    "launch = one small torch op, link = host memcpy)")
-    host = {"cpu": cpu_model(), "cores": os.cpu_count(), "dram_gb": prof._mem_gb(), "dram_read_gbps": read,
+    host = {"cpu": cpu_model(), "cores": os.cpu_count(), "dram_gb": mem_gb(), "dram_read_gbps": read,
             "cpu_attention_gbps": cpu["cpu_attention_gbps"], "key_scan_gbps": cpu["key_scan_gbps"],
             "topk_gbps": cpu["topk_gbps"], "group_score_gbps": cpu["group_score_gbps"], "op_us": cpu["op_us"],
             "gather_gbps": cpu["gather_gbps"],
