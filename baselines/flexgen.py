@@ -50,7 +50,8 @@ import torch
 from torch import Tensor
 
 from baselines import quant
-from baselines.common import BaselineMethod, needs_mask
+from hybridgen.methods.tensors import needs_mask
+from hybridgen.methods.tiered import TieredMethod
 from hybridgen.attention import merge_partials
 from hybridgen.attention.cuda import partial_attention  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
@@ -59,7 +60,7 @@ from hybridgen.methods import Budget, MethodContext, PositiveInt
 
 
 @dataclass
-class FlexGen(BaselineMethod):
+class FlexGen(TieredMethod):
     """KV offloaded to host memory, streamed to the GPU one layer ahead (or attended on CPU).
 
     gpu_budget: share of prompt + generated tokens whose KV lives on the gpu tier (FlexGen's

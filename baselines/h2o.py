@@ -36,8 +36,9 @@ from typing import ClassVar, List, Optional
 import torch
 from torch import Tensor
 
-from baselines.common import (BaselineMethod, TierBuffer, attend_with_new, causal_attention_colsum,
-                              gather_mask, gather_tokens, group_reduce, needs_mask)
+from hybridgen.methods.tensors import (attend_with_new, causal_attention_colsum, gather_mask,
+                                      gather_tokens, group_reduce, needs_mask)
+from hybridgen.methods.tiered import TieredMethod, TierBuffer
 from baselines.offload import KeptKVOffload, Offload, check_offload
 from hybridgen.kv import KVSegment
 from hybridgen.methods import Budget, Fraction, HostTier, KeptBudget, MethodContext, PositiveInt, Tier
@@ -68,7 +69,7 @@ def h2o_prefill_selection(scores: Tensor, valid: Optional[Tensor], keep: int, re
 
 
 @dataclass
-class H2O(BaselineMethod):
+class H2O(TieredMethod):
     """Heavy hitters + recent window, greedy per-head eviction each decode step.
 
     budget: cache size (ratio of the context so far, or tokens). recent_fraction: share of

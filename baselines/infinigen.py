@@ -44,7 +44,8 @@ from typing import Annotated, ClassVar, List, Literal, Optional, Tuple
 import torch
 from torch import Tensor
 
-from baselines.common import BaselineMethod, TierBuffer, attend_with_new, needs_mask
+from hybridgen.methods.tensors import attend_with_new, needs_mask
+from hybridgen.methods.tiered import TieredMethod, TierBuffer
 from hybridgen.kv import KVSegment
 from hybridgen.kv.transfer import HostToDevice
 from hybridgen.speculation import DecodePositions, next_layer, stand_in_query
@@ -88,7 +89,7 @@ def fetch_count(score: Tensor, alpha: float, cap: int) -> int:
 
 
 @dataclass
-class InfiniGen(BaselineMethod):
+class InfiniGen(TieredMethod):
     """Speculative top-KV prefetch from host memory with SVD-skewed partial Q/K.
 
     budget: max_num_kv, tokens attended per step (ratio of the context so far, or tokens).

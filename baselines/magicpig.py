@@ -60,7 +60,8 @@ from typing import Annotated, ClassVar, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from baselines.common import BaselineMethod, TierBuffer, needs_mask
+from hybridgen.methods.tensors import needs_mask
+from hybridgen.methods.tiered import TieredMethod, TierBuffer
 from hybridgen.attention import merge_partials, partial_attention
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.errors import ConfigError
@@ -202,7 +203,7 @@ def expected_sample_rate(bits: int, tables: int, min_collisions: int, head_dim: 
 
 
 @dataclass
-class MagicPIG(BaselineMethod):
+class MagicPIG(TieredMethod):
     """SimHash tables over the host keys; the CPU returns a sampled estimate of their attention.
 
     bits (K, 10) per table, tables (L, 150), min_collisions (m, 2); sinks (4) and window (64)

@@ -52,7 +52,7 @@ def check_offload(method: str, tier: str, offload: str) -> None:
 class KeptKVOffload:
     """Where an evicting method's kept KV lives and how a decode step reaches it (module doc).
 
-    method: the bound BaselineMethod (its stats, buffers and context are used); mode: 'none' |
+    method: the bound TieredMethod (its stats, buffers and context are used); mode: 'none' |
     'stream' | 'cpu'; tier: the method's own tier ('none' mode); host_tier: 'dram' | 'cxl'.
     """
 

@@ -35,7 +35,8 @@ from typing import ClassVar, List, Optional
 import torch
 from torch import Tensor
 
-from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_reduce, needs_mask
+from hybridgen.methods.tensors import gather_mask, gather_tokens, group_reduce, needs_mask
+from hybridgen.methods.tiered import TieredMethod
 from baselines.offload import KeptKVOffload, Offload, check_offload
 from hybridgen.attention import partial_attention
 from hybridgen.kv import KVSegment
@@ -79,7 +80,7 @@ def upper_bound(q: Tensor, kmin: Tensor, kmax: Tensor) -> Tensor:
 
 
 @dataclass
-class Quest(BaselineMethod):
+class Quest(TieredMethod):
     """Top-K pages by key-bound upper bound, exact attention over them; full KV resident.
 
     budget: tokens attended per step (ratio of the context so far, or tokens).

@@ -59,7 +59,8 @@ from typing import ClassVar, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from baselines.common import NEG_INF, BaselineMethod, TierBuffer, gather_mask, gather_tokens, needs_mask
+from hybridgen.methods.tensors import NEG_INF, gather_mask, gather_tokens, needs_mask
+from hybridgen.methods.tiered import TieredMethod, TierBuffer
 from hybridgen.attention import attention_logits, softmax_over_parts
 from hybridgen.kv import KVSegment
 from hybridgen.methods import Budget, Fraction, HostTier, KeptBudget, MethodContext, NonNegInt, PositiveInt
@@ -163,7 +164,7 @@ def _masked(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
 
 
 @dataclass
-class ShadowKV(BaselineMethod):
+class ShadowKV(TieredMethod):
     """Low-rank pre-RoPE keys + landmarks + outliers + local window on gpu, values on the host.
 
     budget: tokens fetched per step (paper: 1.56%, 2048 at 128K). rank: SVD rank of the

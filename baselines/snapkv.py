@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from baselines.common import BaselineMethod, gather_mask, gather_tokens, group_reduce, needs_mask
+from hybridgen.methods.tensors import gather_mask, gather_tokens, group_reduce, needs_mask
+from hybridgen.methods.tiered import TieredMethod
 from baselines.offload import KeptKVOffload, Offload, check_offload
 from hybridgen.attention import attention_logits, partial_attention
 from hybridgen.errors import ConfigError
@@ -84,7 +85,7 @@ def snapkv_selection(q: Tensor, k: Tensor, scale: float, keep: int, window: int,
 
 
 @dataclass
-class SnapKV(BaselineMethod):
+class SnapKV(TieredMethod):
     """Observation-window voting at prefill; dense decoding over the kept + generated tokens.
 
     budget: prompt tokens kept (window included). window: observation window (32).

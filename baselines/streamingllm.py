@@ -38,7 +38,8 @@ from typing import ClassVar, List, Optional
 import torch
 from torch import Tensor
 
-from baselines.common import BaselineMethod, TierBuffer, gather_mask, gather_tokens, needs_mask
+from hybridgen.methods.tensors import gather_mask, gather_tokens, needs_mask
+from hybridgen.methods.tiered import TieredMethod, TierBuffer
 from baselines.offload import KeptKVOffload, Offload, check_offload
 from hybridgen.attention import merge_partials, partial_attention
 from hybridgen.kv import KVSegment
@@ -66,7 +67,7 @@ def streaming_selection(valid: Optional[Tensor], B: int, T: int, keep: int, sink
 
 
 @dataclass
-class StreamingLLM(BaselineMethod):
+class StreamingLLM(TieredMethod):
     """Attention sinks + recent window with in-cache position re-assignment.
 
     budget: cache size (sinks included; ratio of the context so far, or tokens).

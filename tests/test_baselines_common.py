@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from baselines import quant
-from baselines.common import TierBuffer, attend_with_new, causal_attention_colsum, held_bytes_by_tier
+from hybridgen.methods.tensors import attend_with_new, causal_attention_colsum
+from hybridgen.methods.tiered import TierBuffer, held_bytes_by_tier
 from hybridgen.attention import dense_attention_reference
 from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment, TieredStore

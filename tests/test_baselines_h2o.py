@@ -145,7 +145,7 @@ def test_h2o_budget_recent_window_and_top_scores_every_step():
 
 def test_h2o_prefill_keeps_top_accumulated_scores():
     """After prefill, the non-recent kept tokens are exactly the top accumulated-attention ones."""
-    from baselines.common import causal_attention_colsum, group_reduce
+    from hybridgen.methods.tensors import causal_attention_colsum, group_reduce
     B, Hq, Hkv, D, T = 2, 4, 2, 8, 50
     method = H2O(budget=Budget(ratio=0.3), recent_fraction=0.4)
     run = run_method(method, (B, Hq, Hkv, D, T), 0, 7, layers=1)

@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from baselines.common import group_reduce
+from hybridgen.methods.tensors import group_reduce
 from baselines.quest import Quest, page_bounds, upper_bound
 from hybridgen.attention import attention_logits, dense_attention_reference
 from hybridgen.errors import ConfigError

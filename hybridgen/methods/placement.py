@@ -17,69 +17,12 @@ per KV head, ``mask_bytes``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Union
 
 from hybridgen.errors import ConfigError
 
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-
-
-@dataclass(frozen=True)
-class KVShape:
-    """The workload's KV shape: layers, KV heads, head dim, bytes per element, batch rows,
-    context (prompt + generated tokens per row) and new_tokens (the generated part)."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-    batch: int
-    context: int
-    new_tokens: int = 0
-
-    def __post_init__(self):
-        for f in ("layers", "kv_heads", "head_dim", "dtype_bytes", "batch", "context"):
-            if int(getattr(self, f)) <= 0:
-                raise ConfigError(f"KV shape: {f} must be positive, got {getattr(self, f)!r}")
-        if not 0 <= self.new_tokens < self.context:
-            raise ConfigError(f"KV shape: new_tokens must be in [0, context), got {self.new_tokens!r}")
-
-    @property
-    def prompt(self) -> int:
-        """Prompt tokens per row."""
-        return self.context - self.new_tokens
-
-    @property
-    def token_bytes(self) -> int:
-        """K+V bytes of one token of one sequence in one layer."""
-        return 2 * self.kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def mask_bytes(self) -> int:
-        """Validity-mask bytes of one token of one sequence in one layer (one bool per KV head)."""
-        return self.kv_heads
-
-    @property
-    def full_bytes(self) -> int:
-        """The whole KV cache of the workload (every layer, row and token, with masks)."""
-        return self.layers * self.batch * self.context * (self.token_bytes + self.mask_bytes)
-
-    def tokens_in(self, nbytes: float, layers: Optional[int] = None, per_token_extra: int = 0) -> int:
-        """Tokens per sequence per layer that ``nbytes`` holds over ``layers`` layers (default all)."""
-        per = (layers or self.layers) * self.batch * (self.token_bytes + self.mask_bytes + per_token_extra)
-        return max(0, int(nbytes // per))
-
-    @classmethod
-    def of_model(cls, model: Any, batch: int, prompt_len: int, gen_len: int, dtype: str = "bf16") -> "KVShape":
-        """From a shipped model name, a ``hybridgen.perf.ModelShape`` or an engine ModelSpec."""
-        from hybridgen.perf.shapes import as_model_shape  # lazy: perf imports methods lazily too
-
-        s = as_model_shape(model)
-        if dtype not in DTYPE_BYTES:
-            raise ConfigError(f"unknown KV dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")
-        return cls(s.num_layers, s.num_kv_heads, s.head_dim, DTYPE_BYTES[dtype], int(batch),
-                   int(prompt_len) + int(gen_len), int(gen_len))
+# The shape and the footprint live in footprint.py; re-exported here for existing callers.
+from hybridgen.methods.footprint import DTYPE_BYTES, Footprint, KVShape, fit_first, fit_share, refuse  # noqa: E402,F401
 
 
 def gpu_kv_bytes(gpu_kv: Union[None, int, float, str], hardware: Optional[Mapping[str, Any]] = None,
@@ -157,14 +100,6 @@ def choose_offload(method: str, gpu_kv: int, resident: float, streamed: float) -
     if streamed <= gpu_kv:
         return {"offload": "stream"}
     return {"offload": "cpu"}
-
-
-def refuse(method: str, need: float, gpu_kv: int, what: str) -> ConfigError:
-    """The one-line error of a method that cannot fit the budget."""
-    from hybridgen.kv.tiers import _fmt
-
-    return ConfigError(f"method {method!r} needs {_fmt(int(need))} of GPU memory for {what}, "
-                       f"memory.gpu_kv gives {_fmt(int(gpu_kv))}; raise memory.gpu_kv or lower the workload")
 
 
 def derive_params(method: str, explicit: Mapping[str, Any], gpu_kv: Union[int, str], hardware: Mapping[str, Any],

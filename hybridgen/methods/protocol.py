@@ -131,6 +131,15 @@ class KVMethod:
         """
         return None
 
+    # -- memory: stated once --------------------------------------------------------
+    def footprint(self, shape: Any) -> Optional[Any]:
+        """What this method holds where on the workload ``shape`` (a
+        :class:`hybridgen.methods.footprint.KVShape`): a :class:`~hybridgen.methods.footprint.Footprint`
+        with its KV tokens per tier and the exact bytes it allocates per tier, or None (not
+        stated). Its placement (:meth:`placement_for`), the cost's ``gpu_tokens`` and the
+        conformance check of the store ledger all derive from this one statement."""
+        return None
+
     # -- placement under one GPU memory budget ---------------------------------------
     def placement_for(self, gpu_kv_bytes: int, shape: Any) -> Optional[Dict[str, Any]]:
         """Parameter overrides that place this method's KV within ``gpu_kv_bytes`` of GPU memory

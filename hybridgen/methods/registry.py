@@ -37,9 +37,10 @@ def _scan() -> None:
     _declared.clear()
     for ep in metadata.entry_points(group=GROUP):
         _declared.setdefault(ep.name, ep.value)
-    # a source checkout (installed editable, or not at all) also declares what its pyproject
-    # says now: a method added there is found without reinstalling
-    _declared.update({k: v for k, v in _pyproject_methods().items() if k not in _declared})
+    # a source checkout (installed editable, or not at all) declares what its pyproject says
+    # NOW, and that wins over the installed metadata, which may be stale (a method moved or
+    # added since the install is found without reinstalling)
+    _declared.update(_pyproject_methods())
 
 
 def _pyproject_methods() -> Dict[str, str]:

@@ -97,6 +97,13 @@ class CostContext:
         self.head = max(head_params * wb / (g.hbm_gbps * 1e9), 2 * self.B * head_params / (g.matmul_tflops * 1e12))
         self.weights_bytes = shape.num_layers * layer_bytes + head_params * wb * 2
 
+    def kv_shape(self):
+        """This prediction's workload as a :class:`hybridgen.methods.footprint.KVShape`, the
+        shape a method's ``footprint`` takes (the cost's gpu_tokens derive from it)."""
+        from hybridgen.methods.footprint import KVShape
+
+        return KVShape(self.shape.num_layers, self.Hkv, self.D, self.b, self.B, self.S)
+
     # -- a method's budgets ------------------------------------------------------------
     def fraction(self, budget: Any) -> float:
         """A Budget (or budget text / number) as a fraction of the context: its ratio, or its
