@@ -16,9 +16,9 @@ Choices where the paper is silent (or follows its reference code):
 - the real-valued ramp is made integer by largest remainders (ties to the lower layer), so
   the budgets never increase with depth and sum to exactly L x budget;
 - window, kernel and pooling default to SnapKV's (32, 7, max);
-- under one GPU memory budget (``placement_for``, SnapKV's over these budgets) the kept KV is
-  resident when the sum over layers fits, else streamed through two staging slots sized for
-  the LARGEST layer (layer 0 keeps up to ~2x the mean), else attended on the CPU;
+- under one GPU memory budget (``placement_for``, from the footprint of these budgets) the kept
+  KV is resident when the sum over layers fits, else streamed through two staging slots sized
+  for the LARGEST layer (layer 0 keeps up to ~2x the mean), else attended on the CPU;
 - the projected cost prices every layer at its own budget, in its ``offload`` mode, and takes
   the mean layer (the step is their sum; ``baselines.layer_costs``).
 """
@@ -68,15 +68,13 @@ class PyramidKV(SnapKV):
         """Prompt tokens kept per layer: the pyramid (:func:`pyramid_budgets`) around the budget."""
         return pyramid_budgets(self.budget.resolve(prompt_len), self.window, prompt_len, num_layers, self.beta)
 
-    # placement_for is SnapKV's over these per-layer budgets: resident when their sum fits, the
-    # two staging slots of 'stream' sized for the largest layer (layer 0, up to ~2x the mean)
-
-    def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: each layer priced as SnapKV at its own kept tokens (GPU-resident,
+    def step_cost(self, c: "CostContext") -> "LayerCost":
+        """PROJECTED layer times: each layer priced as SnapKV at its own kept tokens (GPU-resident,
         or in its ``offload`` mode: the layer's kept set streamed a layer ahead, or its step on
         the CPU; ``offloaded_kept_cost``), the pyramid taken over the context S; the mean layer
-        (:func:`baselines.layer_costs.mean_layer_cost`), staging sized for the largest layer."""
+        (:func:`baselines.layer_costs.mean_layer_cost`). Its gpu and staging tokens come from the
+        footprint (staging sized for the largest layer)."""
         from baselines.layer_costs import mean_layer_cost
 
-        layers = [self.kept_cost(c, n) for n in self.prompt_keeps(int(c.S), c.shape.num_layers)]
+        layers = [self.mode_cost(c, self.kept_cost(c, n)) for n in self.prompt_keeps(int(c.S), c.shape.num_layers)]
         return mean_layer_cost(layers, label=layers[0].label.replace("snapkv", "pyramidkv"))

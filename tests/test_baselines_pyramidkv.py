@@ -12,6 +12,7 @@ from baselines.snapkv import snapkv_selection
 from hybridgen.attention import dense_attention_reference
 from hybridgen.errors import ConfigError
 from hybridgen.methods import build_method
+from hybridgen.methods.offloaded import Offloaded
 from hybridgen.testing import dense_reference, drive
 from tests._baselines_cases import left_padding, rel_err
 
@@ -167,11 +168,13 @@ def test_stream_placement_sizes_staging_for_the_largest_layer():
 def test_offloaded_pyramid_gives_the_resident_outputs(offload):
     shape = (2, 4, 2, 8, 48)
     ref = drive(PyramidKV(budget="16t", window=4, beta=4), shape, 3, seed=1, layers=3)
-    method = PyramidKV(budget="16t", window=4, beta=4, offload=offload)
+    method = Offloaded(PyramidKV(budget="16t", window=4, beta=4), offload)  # = PyramidKV(offload=...).composed()
     got = drive(method, shape, 3, seed=1, layers=3)
     for a, b in zip(got.records, ref.records):
         assert torch.allclose(a.out, b.out, atol=1e-6)
     assert method.held_bytes().get("dram", 0) > 0
+    with pytest.raises(ConfigError, match="Offloaded wrapper"):  # never silently run resident
+        drive(PyramidKV(budget="16t", window=4, beta=4, offload=offload), shape, 3, seed=1, layers=3)
 
 
 def test_through_the_engine_and_the_experiment_runner(tmp_path):

@@ -101,7 +101,7 @@ def test_sinks_window_kept_and_positions_reassigned(seed, shift):
     total = T + steps
     bt = allowed[steps]  # context T + 7
     kept = _expected_cache(out[-1][4], sinks, bt, total)
-    wk, sk = method.window_kv[0], method.sink_kv[0]
+    wk, sk = method.segments("window")[0], method.segments("sinks")[0]
     assert sk.length + wk.length <= bt
     for b in range(B):
         cached = sorted([j for j in method.window_pos[0].t[b, : wk.length].tolist() if j >= 0])
@@ -115,7 +115,7 @@ def test_budget_every_step_and_memory_bounded():
     method = StreamingLLM(budget=budget)
     ctx, out = _run(method, B, Hq, Hkv, D, T, 30, None, RotaryEmbedding(D))
     cap = 13  # the budget at the longest context, 130: 0.1 x 130 = 13.0 -> 13 tokens
-    assert method.sink_kv[0].length + method.window_kv[0].length <= cap
+    assert method.segments("sinks")[0].length + method.segments("window")[0].length <= cap
     held = ctx.store.bytes_by_tier()["gpu"]
     # sinks + window capacity, K and V, float32, plus int64 positions
     assert held == B * Hkv * cap * D * 4 * 2 + B * (cap - 4) * 8

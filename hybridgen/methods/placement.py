@@ -91,17 +91,6 @@ def place(method: Any, gpu_kv: int, shape: KVShape, explicit: Optional[Mapping[s
     return {**derived, **explicit}
 
 
-def choose_offload(method: str, gpu_kv: int, resident: float, streamed: float) -> Dict[str, Any]:
-    """An evicting method's tier: resident when its kept KV (+ metadata) fits (``resident``
-    bytes), else streamed when its gpu share in 'stream' mode fits (``streamed`` bytes), else
-    the step on the CPU (nothing on the GPU)."""
-    if resident <= gpu_kv:
-        return {"offload": "none"}
-    if streamed <= gpu_kv:
-        return {"offload": "stream"}
-    return {"offload": "cpu"}
-
-
 def derive_params(method: str, explicit: Mapping[str, Any], gpu_kv: Union[int, str], hardware: Mapping[str, Any],
                   model: Mapping[str, Any], workload: Mapping[str, Any]) -> Dict[str, Any]:
     """An experiment point's method parameters under ``memory.gpu_kv`` (before any model loads).

@@ -98,6 +98,11 @@ class KVMethod:
     def check(self) -> None:
         """Cross-field checks of the hyper-parameters (raise ConfigError); called when built."""
 
+    def composed(self) -> "KVMethod":
+        """The method to run for these parameters: itself, or a composition built from them
+        (an evicting method's ``offload`` wraps it in ``Offloaded``); ``build_method`` calls it."""
+        return self
+
     # -- lifecycle -------------------------------------------------------------------
     def bind(self, ctx: MethodContext) -> None:
         """Attach to a run. Subclasses call super().bind(ctx) then set up per-layer state."""

@@ -117,11 +117,12 @@ def method_parameters(name: str) -> List[str]:
 
 
 def build_method(name: str, **params: Any) -> KVMethod:
-    """A fresh method instance by registry name; unknown names or bad parameters fail in one line."""
+    """A fresh method instance by registry name, composed as its parameters say (an evicting
+    method's ``offload`` wraps it in Offloaded); unknown names or bad parameters fail in one line."""
     cls = method_class(name)
     known = method_parameters(name)
     bad = sorted(set(params) - set(known))
     if bad:
         raise ConfigError(f"method {name!r} has no parameter {', '.join(map(repr, bad))}; "
                           f"its parameters are: {', '.join(sorted(known)) or 'none'}")
-    return cls(**params)
+    return cls(**params).composed()

@@ -26,8 +26,7 @@ One job per module:
 """
 from hybridgen.perf.context import CostContext, LayerCost
 from hybridgen.perf.costs import (cpu_attention_split_cost, flexgen_stream_cost, full_cost, gpu_resident_cost,
-                                  h2o_cost, hybridgen_cost, infinigen_cost, offloaded_kept_cost, quest_cost,
-                                  snapkv_cost, streamingllm_cost, uvm_cost)
+                                  hybridgen_cost, infinigen_cost, offloaded_kept_cost, uvm_cost)
 from hybridgen.perf.predict import NotModelled, StepPrediction, fastest_setting, predict_step
 from hybridgen.perf.profiles import (PROFILE_DIR, CXLSpec, GPUSpec, HardwareProfile, HostSpec, LinkSpec, NodeSpec,
                                      available_profiles, load_profile, profile_from_dict)
@@ -36,7 +35,7 @@ from hybridgen.perf.compare import ErrorRow, ErrorTable, compare_to_measured
 
 __all__ = ["fastest_setting", 
     "CostContext", "LayerCost", "cpu_attention_split_cost", "flexgen_stream_cost", "full_cost", "gpu_resident_cost",
-    "h2o_cost", "hybridgen_cost", "infinigen_cost", "quest_cost", "snapkv_cost", "streamingllm_cost",
+    "hybridgen_cost", "infinigen_cost",
     "offloaded_kept_cost", "uvm_cost",
     "NotModelled", "StepPrediction", "predict_step", "PROFILE_DIR", "CXLSpec", "GPUSpec", "HardwareProfile",
     "HostSpec", "LinkSpec", "NodeSpec", "available_profiles", "load_profile", "profile_from_dict", "DTYPE_BYTES",

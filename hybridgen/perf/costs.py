@@ -34,13 +34,10 @@ S_g, S_h = c.split(gpu_budget); r = a budget's fraction of the context (c.fracti
   infinigen       all KV on the host (S_h = S); spec = B*S*Hkv*(partial_ratio*D)*b / attention_gbps
                   fetch = gather(B*r*S_h*kv_tok) + copy(same); n = r*S_h
                   attn = spec + fetch + gpu_attn(n); layer = max(fetch, rest + spec + gpu_attn(n))
-  h2o             attn = gpu_attn(r*S) + score update (B*Hq*r*S*4*2 / hbm)
-  snapkv          attn = gpu_attn(r*S)
-  streamingllm    attn = gpu_attn(min(S, max(r*S, sinks)))
-  quest           attn = page bounds (B*Hkv*(S/page)*2*D*b / attention_gbps) + gpu_attn(r*S)
-  (h2o, snapkv, streamingllm, quest with offload='none' keep their KV on the GPU)
-  offloaded kept KV (offload='stream', "H2O on FlexGen"): n = tokens streamed (the kept set;
-                  quest: the whole context), xfer = copy(B*n*kv_tok) at the host tier's rate
+  gpu resident    attn = gpu_attn(kept) + the method's own pass (an evicting method's own cost,
+                  beside it, e.g. baselines/kept_costs.py)
+  offloaded kept KV (offload='stream', "H2O on FlexGen"): n = tokens streamed (the kept set,
+                  or what the method says it streams), xfer = copy(B*n*kv_tok) at the host tier's rate
                   (K and V), gpu = the resident method's attention; layer = max(xfer, rest + gpu)
                   (next layer prefetched);  (offload='cpu'): the step on the host, after the
                   GPU's projections: cpu = B*n_read*kv_tok / cpu_attention rate + the method's
@@ -86,8 +83,8 @@ UVM_FAULT_BATCH_BYTES = 2 << 20
 UVM_FAULT_US = 30.0
 
 __all__ = ["CostContext", "LayerCost", "full_cost", "flexgen_stream_cost", "cpu_attention_split_cost",
-           "hybridgen_cost", "infinigen_cost", "gpu_resident_cost", "h2o_cost", "snapkv_cost",
-           "streamingllm_cost", "quest_cost", "offloaded_kept_cost", "uvm_cost"]
+           "hybridgen_cost", "infinigen_cost", "gpu_resident_cost",
+           "offloaded_kept_cost", "uvm_cost"]
 
 
 def full_cost(c: CostContext) -> LayerCost:
@@ -255,30 +252,6 @@ def gpu_resident_cost(c: CostContext, kept_tokens: float, extra: float = 0.0, re
     return LayerCost(attn=attn, layer=c.rest + attn, gpu=c.rest + attn,
                      gpu_tokens=kept_tokens if resident is None else resident,
                      breakdown={"gpu_attn_s": attn, "kept_tokens": kept_tokens, "rest_s": c.rest}, label=label)
-
-
-def h2o_cost(c: CostContext, budget_ratio: float) -> LayerCost:
-    """H2O: attention over the kept heavy hitters + recent tokens and the score update."""
-    n = budget_ratio * c.S
-    score = c.B * c.Hq * n * 4 * 2 / (c.hw.gpu.hbm_gbps * 1e9) + c.launch
-    return gpu_resident_cost(c, n, score, label="h2o")
-
-
-def snapkv_cost(c: CostContext, budget_ratio: float) -> LayerCost:
-    """SnapKV: attention over the tokens selected at prefill."""
-    return gpu_resident_cost(c, budget_ratio * c.S, label="snapkv")
-
-
-def streamingllm_cost(c: CostContext, budget_ratio: float, sinks: int) -> LayerCost:
-    """StreamingLLM: attention over the sinks + the recent window."""
-    return gpu_resident_cost(c, min(c.S, max(budget_ratio * c.S, sinks)), label="streamingllm")
-
-
-def quest_cost(c: CostContext, budget_ratio: float, page_size: int) -> LayerCost:
-    """Quest: page-bound scoring over every page, then attention over the selected pages."""
-    pages = math.ceil(c.S / page_size)
-    bounds = c.B * c.Hkv * pages * 2 * c.D * c.b / (c.hw.gpu.attention_gbps * 1e9) + c.launch
-    return gpu_resident_cost(c, budget_ratio * c.S, bounds, resident=c.S + 2 * pages, label="quest")
 
 
 def offloaded_kept_cost(c: CostContext, resident: LayerCost, streamed_tokens: float, read_tokens: float,

@@ -1,7 +1,9 @@
-"""Offloaded kept KV for the evicting baselines ("H2O on FlexGen"): one helper, composed.
+"""Where an evicting method's kept KV lives and how a decode step reaches it (one helper).
 
-H2O, SnapKV, StreamingLLM and Quest decide WHICH tokens they keep; this module decides WHERE
-the kept KV lives and how a decode step reaches it (``offload``):
+An evicting method (:class:`hybridgen.methods.evicting.EvictingMethod`) decides WHICH tokens it
+keeps and goes through a :class:`KeptKVOffload` for every KV part it keeps (``track``, ``put``,
+``append``, ``view``); the :class:`hybridgen.methods.offloaded.Offloaded` wrapper decides WHERE
+they live by giving the method a helper in another mode:
 
 - ``'none'``: the kept KV on the method's ``tier`` (the gpu tier by default), as in the papers;
 - ``'stream'``: the kept KV segments on ``host_tier``; at each decode step a layer's segments
@@ -9,8 +11,8 @@ the kept KV lives and how a decode step reaches it (``offload``):
   :class:`hybridgen.kv.transfer.HostToDevice`, started at ``on_layer_input(l - 1)`` so the copy
   overlaps layer l - 1 (FlexGen's schedule, as InfiniGen's artifact runs H2O on FlexGen). The
   method attends over the staged copy with its own code; its cache updates (appends, eviction
-  overwrites) go to the host segments. Small per-token metadata (H2O scores and positions,
-  StreamingLLM window positions, Quest page bounds) stays on the gpu tier;
+  overwrites) go to the host segments. Small per-token metadata (scores, positions, page
+  bounds) stays on the gpu tier;
 - ``'cpu'``: the kept KV and the metadata on ``host_tier``; the layer's whole decode step runs
   on the CPU attention pool next to the host KV (q, k, v go down, the output comes up), as
   FlexGen's ``cpu_cache_compute``.
@@ -20,7 +22,8 @@ so every mode returns the GPU-resident method's outputs (tested in tests/test_of
 
 Choices: the new token is written to the host with a blocking ``.to(host)`` (the compute stream
 is synchronised, so no staged copy of that layer is still in flight); without the engine's
-hooks (method-level use) each copy happens in ``decode`` (correct, not overlapped).
+hooks (method-level use) each copy happens in ``decode`` (correct, not overlapped); the two
+staging slots hold, per part, its largest capacity over the layers (at least one slot).
 stats: 'bytes_h2d' staged bytes (+ the output in 'cpu' mode), 'bytes_d2h' KV written to the
 host (+ q, k, v in 'cpu' mode), 'prefetched_ahead' copies started one layer ahead.
 
