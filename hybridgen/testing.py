@@ -204,3 +204,140 @@ def dense_reference(rec: Record, scale: float) -> Tensor:
         raise ValueError("the run kept no K/V history (MethodDriver(history=False))")
     mask = None if rec.valid is None else rec.valid[:, None, :]
     return dense_attention_reference(rec.q, rec.k, rec.v, scale, mask)
+
+
+def rel_err(out: Tensor, ref: Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 (0 / 0 = 0)."""
+    out, ref = out.double(), ref.double()
+    den = ref.norm().item()
+    return (out - ref).norm().item() / (den or 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Conformance: what every method must satisfy, callable from an outside package's own tests.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Conformance:
+    """What :func:`conformance` checked (``passed``) and what it could not, with why (``skipped``);
+    ``footprint``/``ledger``: the stated footprint's tier bytes and the store's peak per tier."""
+
+    method: str
+    passed: List[str] = field(default_factory=list)
+    skipped: Dict[str, str] = field(default_factory=dict)
+    footprint: Optional[Dict[str, int]] = None
+    ledger: Optional[Dict[str, int]] = None
+
+
+def _peak_and_outputs(method: KVMethod, shape: Shape, steps: int, layers: int, seed: int, valid: Tensor, pool):
+    run = drive(method, shape, steps, seed=seed, valid=valid, layers=layers, pool=pool)
+    peak = {t: n for t, n in run.ctx.store.peak_by_tier().items() if n}
+    method.release()
+    return run, peak
+
+
+def _stated(method: KVMethod, shape: Shape, steps: int, layers: int) -> Optional[Dict[str, int]]:
+    from hybridgen.methods.footprint import KVShape
+
+    kv = KVShape(layers, shape.kv_heads, shape.head_dim, 4, shape.batch, shape.prompt_len + steps, steps)
+    fp = method.footprint(kv)
+    return None if fp is None else {t: int(n) for t, n in fp.tier_bytes.items() if n}
+
+
+def bad_values(method: KVMethod) -> List[Dict[str, object]]:
+    """One wrongly typed value per checked parameter (numbers, booleans, budgets, choices)."""
+    import typing
+
+    from hybridgen.methods import Budget
+    from hybridgen.methods.params import field_types
+
+    out: List[Dict[str, object]] = []
+    for name, tp in field_types(type(method)).items():
+        if typing.get_origin(tp) is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        if isinstance(getattr(method, name), (bool, int, float, Budget)) or typing.get_origin(tp) is typing.Literal:
+            out.append({name: "no-such-value-42"})
+    return out
+
+
+def conformance(factory: Callable[..., KVMethod], lossless_params: Optional[Dict[str, object]] = None, *,
+                params: Optional[Dict[str, object]] = None, bad_params: Optional[Sequence[Dict[str, object]]] = None,
+                shape: Union[Shape, Sequence[int]] = (2, 4, 2, 8, 40), steps: int = 4, layers: int = 2,
+                seed: int = 0, tol: float = 1e-5, offload_modes: Sequence[str] = ("stream", "cpu")) -> Conformance:
+    """Check a method against what every method must satisfy; raise AssertionError on a failure.
+
+    factory(**params) builds the method (a class, or ``functools.partial(build_method, name)``);
+    runs use seeded random q/k/v of ``shape`` (B, Hq, Hkv, D, T) in float32, ``layers`` layers,
+    ``steps`` decode steps, left padding in every row but the first. Checks:
+
+    - 'lossless': with ``lossless_params`` (where it keeps everything) every output equals
+      ``full``'s and the float64 dense reference within ``tol`` (relative); None = skipped;
+    - 'ledger': with ``params`` (default: its defaults) the store's peak bytes per tier equal
+      ``footprint(shape).tier_bytes`` (skipped when the method states no footprint);
+    - 'offloaded': for a method with an ``offload`` parameter, each of ``offload_modes``
+      returns the resident outputs (to 1e-6) and its ledger equals its own footprint;
+    - 'bad_params': each of ``bad_params`` (default: a wrongly typed value per number, boolean,
+      budget or choice parameter) is refused with a one-line ConfigError when built.
+
+    A method with ``projected_only`` (never run) is checked for its bad params and for refusing
+    ``bind`` in one line. Returns the :class:`Conformance` report.
+    """
+    from hybridgen.attention.cpu_pool import CPUAttentionPool
+    from hybridgen.errors import ConfigError
+    from hybridgen.methods import build_method
+
+    s, params = Shape.of(shape), dict(params or {})
+    base = factory(**params)
+    report = Conformance(base.name)
+    for bad in (bad_values(base) if bad_params is None else bad_params):
+        try:
+            factory(**{**params, **bad})
+        except ConfigError as err:
+            assert "\n" not in str(err), f"{base.name}: the refusal of {bad} is not one line: {err}"
+            continue
+        raise AssertionError(f"{base.name}: bad parameters {bad} were accepted")
+    report.passed.append("bad_params")
+    valid = left_padding(random.Random(seed), s.batch, s.prompt_len, min_real=s.prompt_len // 2)
+    if getattr(base, "projected_only", None):
+        try:
+            drive(base, s, 1, layers=layers, valid=valid)
+        except ConfigError as err:
+            assert "\n" not in str(err), f"{base.name}: bind's refusal is not one line"
+            report.passed.append("refuses_to_run")
+            report.skipped.update(lossless="projected only", ledger="projected only", offloaded="projected only")
+            return report
+        raise AssertionError(f"{base.name} is projected_only but ran")
+    pool = CPUAttentionPool(workers=1)
+    try:
+        if lossless_params is None:
+            report.skipped["lossless"] = "no lossless parameters given"
+        else:
+            got, _ = _peak_and_outputs(factory(**lossless_params), s, steps, layers, seed, valid, pool)
+            ref, _ = _peak_and_outputs(build_method("full"), s, steps, layers, seed, valid, pool)
+            for a, b in zip(got.records, ref.records):
+                e_full, e_dense = rel_err(a.out, b.out), rel_err(a.out, dense_reference(a, got.ctx.scale))
+                assert e_full <= tol and e_dense <= tol, (
+                    f"{base.name}{lossless_params}: layer {a.layer} step {a.step} differs from full "
+                    f"(rel err {e_full:.2e}) / the dense reference ({e_dense:.2e}), tol {tol:g}")
+            report.passed.append("lossless")
+        resident, peak = _peak_and_outputs(factory(**params), s, steps, layers, seed, valid, pool)
+        report.ledger, report.footprint = peak, _stated(base, s, steps, layers)
+        if report.footprint is None:
+            report.skipped["ledger"] = "footprint not stated"
+        else:
+            assert peak == report.footprint, f"{base.name}: ledger peak {peak} != footprint {report.footprint}"
+            report.passed.append("ledger")
+        if "offload" not in {f for f in getattr(base, "__dataclass_fields__", {})}:
+            report.skipped["offloaded"] = "no offload parameter"
+            return report
+        for mode in offload_modes:
+            m = factory(**{**params, "offload": mode})
+            run, peak = _peak_and_outputs(m, s, steps, layers, seed, valid, pool)
+            for a, b in zip(run.records, resident.records):
+                assert torch.allclose(a.out, b.out, rtol=1e-6, atol=1e-6), f"{base.name} offload={mode} != resident"
+            stated = _stated(m, s, steps, layers)
+            assert stated is None or peak == stated, f"{base.name} offload={mode}: ledger {peak} != footprint {stated}"
+        report.passed.append("offloaded")
+    finally:
+        pool.shutdown()
+    return report

@@ -1,6 +1,7 @@
 """Method-level harness shared by the baseline tests (not a test module).
 
-Thin names over :mod:`hybridgen.testing` (the one method driver): ``run_method`` binds a
+Thin names over :mod:`hybridgen.testing` (the one method driver, ``rel_err`` and the public
+``conformance`` check a method author calls): ``run_method`` binds a
 method, prefills every layer with seeded random q/k/v and runs decode steps, recording every
 output with the full K/V history so a test can compare against a dense reference or check an
 invariant after each step.
@@ -13,17 +14,11 @@ import torch
 
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.methods import MethodContext
-from hybridgen.testing import Record, Run, Shape, dense_reference, drive, left_padding, method_context
+from hybridgen.testing import Record, Run, Shape, dense_reference, drive, left_padding, method_context, rel_err
 
 __all__ = ["POOL", "Record", "Run", "dense_ref", "left_padding", "make_ctx", "rel_err", "run_method"]
 
 POOL = CPUAttentionPool(workers=1)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    den = ref.norm().item()
-    return (out - ref).norm().item() / (den or 1.0)
 
 
 def make_ctx(B, Hq, Hkv, D, T, steps, dtype=torch.float32, layers=2, rotary=None, engine=None) -> MethodContext:
