@@ -19,19 +19,28 @@ Random tensors are drawn from one ``torch.Generator(seed)`` on the CPU in a fixe
 (prefill: q, k, v of layer 0, 1, ...; then per step, per layer: q, k, v) in float32, cast to
 ``dtype`` and moved to ``device``, so two methods driven with the same seed see the same
 inputs. :func:`dense_reference` is the float64 dense attention over a record's history.
+
+:func:`conformance` is what every method must satisfy, for a method author's own tests (equal
+to ``full`` where it keeps everything, the store ledger equal to its footprint, offloaded equal
+to resident, bad parameters refused); it returns a :class:`Conformance` report.
 """
 from __future__ import annotations
 
 import random
 import time
+import typing
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from hybridgen.attention.cpu_pool import CPUAttentionPool
+from hybridgen.errors import ConfigError
 from hybridgen.kv import TieredStore
-from hybridgen.methods import KVMethod, MethodContext
+from hybridgen.methods import Budget, KVMethod, MethodContext, build_method
+from hybridgen.methods.footprint import KVShape
+from hybridgen.methods.params import field_types
 
 QKV = Tuple[Tensor, Tensor, Tensor]
 #: kv_fn(layer, positions [n], q, k) -> (q, k): e.g. rotate q and k to their positions
@@ -237,8 +246,6 @@ def _peak_and_outputs(method: KVMethod, shape: Shape, steps: int, layers: int, s
 
 
 def _stated(method: KVMethod, shape: Shape, steps: int, layers: int) -> Optional[Dict[str, int]]:
-    from hybridgen.methods.footprint import KVShape
-
     kv = KVShape(layers, shape.kv_heads, shape.head_dim, 4, shape.batch, shape.prompt_len + steps, steps)
     fp = method.footprint(kv)
     return None if fp is None else {t: int(n) for t, n in fp.tier_bytes.items() if n}
@@ -246,11 +253,6 @@ def _stated(method: KVMethod, shape: Shape, steps: int, layers: int) -> Optional
 
 def bad_values(method: KVMethod) -> List[Dict[str, object]]:
     """One wrongly typed value per checked parameter (numbers, booleans, budgets, choices)."""
-    import typing
-
-    from hybridgen.methods import Budget
-    from hybridgen.methods.params import field_types
-
     out: List[Dict[str, object]] = []
     for name, tp in field_types(type(method)).items():
         if typing.get_origin(tp) is typing.Annotated:
@@ -282,10 +284,6 @@ def conformance(factory: Callable[..., KVMethod], lossless_params: Optional[Dict
     A method with ``projected_only`` (never run) is checked for its bad params and for refusing
     ``bind`` in one line. Returns the :class:`Conformance` report.
     """
-    from hybridgen.attention.cpu_pool import CPUAttentionPool
-    from hybridgen.errors import ConfigError
-    from hybridgen.methods import build_method
-
     s, params = Shape.of(shape), dict(params or {})
     base = factory(**params)
     report = Conformance(base.name)

@@ -88,3 +88,26 @@ def test_offloaded_engine_tokens_identical(llama):
             assert res.method_stats["bytes_h2d"] > 0 and res.bytes_by_tier["dram"] > 0, (name, mode)
             if mode == "stream":  # the engine's hook started every later layer's copy a layer ahead
                 assert res.method_stats["prefetched_ahead"] == 5 * (llama.spec.num_layers - 1), name
+
+
+def test_offload_is_a_wrapper_selected_by_the_parameter():
+    """build_method's `offload` builds Offloaded(inner resident, mode, host_tier): same name and
+    config (run identities unchanged), the inner keeps no offload of its own; composing by hand
+    gives the same outputs; what it cannot wrap is refused in one line."""
+    from baselines.h2o import H2O
+    from hybridgen.methods.offloaded import Offloaded
+
+    m = build_method("h2o", budget=0.3, offload="cpu", host_tier="cxl")
+    assert isinstance(m, Offloaded) and m.name == "h2o" and m.inner.offload == "none"
+    assert m.config() == {**build_method("h2o", budget=0.3).config(), "offload": "cpu", "host_tier": "cxl"}
+    assert not isinstance(build_method("h2o", budget=0.3), Offloaded)
+    by_hand = drive(Offloaded(H2O(budget=0.3), "cpu", "cxl"), SHAPE, 3, seed=3, tiers={"gpu": None, "cxl": None})
+    built = drive(m, SHAPE, 3, seed=3, tiers={"gpu": None, "cxl": None})
+    for a, b in zip(by_hand.records, built.records):
+        assert torch.equal(a.out, b.out)
+    assert built.ctx.store.bytes_by_tier().get("cxl", 0) > 0
+    for bad in (lambda: Offloaded(build_method("full"), "stream"), lambda: Offloaded(H2O(offload="cpu"), "stream"),
+                lambda: Offloaded(H2O(), "disk")):
+        with pytest.raises(ConfigError) as err:
+            bad()
+        assert "\n" not in str(err.value)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Dict, Literal, Optional
 from torch import Tensor
 
 from hybridgen.errors import ConfigError
+from hybridgen.methods.evicting import EvictingMethod
 from hybridgen.methods.kept_kv import KeptKVOffload
 from hybridgen.methods.params import HostTier
 from hybridgen.methods.protocol import KVMethod, MethodContext
@@ -46,8 +47,6 @@ class Offloaded(KVMethod):
     host_tier: HostTier = "dram"
 
     def check(self) -> None:
-        from hybridgen.methods.evicting import EvictingMethod
-
         if not isinstance(self.inner, EvictingMethod):
             raise ConfigError(f"Offloaded wraps an evicting method (an EvictingMethod), got {type(self.inner).__name__}")
         if self.inner.offload != "none" or self.inner.tier != "gpu":
