@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import ClassVar, List, Optional
+from typing import ClassVar, List
 
 from baselines.snapkv import SnapKV
 from hybridgen.methods import PositiveInt

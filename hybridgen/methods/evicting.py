@@ -41,13 +41,11 @@ from hybridgen.errors import ConfigError
 from hybridgen.kv import KVSegment
 from hybridgen.methods.budget import Budget
 from hybridgen.methods.footprint import Footprint, KVShape, add_bytes, fit_first
-from hybridgen.methods.kept_kv import KeptKVOffload, check_offload
+from hybridgen.methods.kept_kv import KeptKVOffload, Offload, check_offload
 from hybridgen.methods.params import HostTier, KeptBudget, Tier
 from hybridgen.methods.protocol import MethodContext
 from hybridgen.methods.tensors import NEG_INF
 from hybridgen.methods.tiered import TierBuffer, TieredMethod
-
-Offload = Literal["none", "stream", "cpu"]
 
 
 def recent_count(budget_tokens: int, recent_fraction: float) -> int:
