@@ -99,10 +99,11 @@ class CostContext:
 
     def kv_shape(self):
         """This prediction's workload as a :class:`hybridgen.methods.footprint.KVShape`, the
-        shape a method's ``footprint`` takes (the cost's gpu_tokens derive from it)."""
+        shape a method's ``footprint`` takes (the cost's gpu_tokens derive from it): the S
+        context tokens, an unpadded batch (no validity masks)."""
         from hybridgen.methods.footprint import KVShape
 
-        return KVShape(self.shape.num_layers, self.Hkv, self.D, self.b, self.B, self.S)
+        return KVShape(self.shape.num_layers, self.Hkv, self.D, self.b, self.B, self.S, masked=False)
 
     # -- a method's budgets ------------------------------------------------------------
     def fraction(self, budget: Any) -> float:
