@@ -26,7 +26,7 @@ RUN = [("full", "full", {}), ("flexgen-gpu", "flexgen", {}), ("flexgen-cpu", "fl
        ("magicpig-dense", "magicpig", {"bits": 6, "tables": 12, "dense_layers": 1})]
 # whose GPU part is fixed by their design: placed as they are, or refused in one line
 FIXED = ("full", "infinigen", "shadowkv", "magicpig")
-SHARES = [1.2, 0.5, 0.15, 0.03]
+SHARES = [1.2, 0.9, 0.5, 0.15, 0.03]
 B, T, N = 2, 100, 4  # longer than MagicPIG's sinks + window: a host part exists
 
 
