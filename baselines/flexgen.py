@@ -44,7 +44,7 @@ Choices where the paper is silent or which differ from it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, List, Literal, Optional
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -72,6 +72,10 @@ class FlexGen(TieredMethod):
     """
 
     name: ClassVar[str] = "flexgen"
+    # the per-layer runs `python -m hybridgen.perf.validate` times against the projection
+    # (hybridgen.perf.local_rows.validation_methods): (row label, parameters on top of its gpu share)
+    validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (
+        ("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}))
     gpu_budget: Budget = Budget(ratio=0.0)
     host_tier: Literal["dram", "cxl"] = "dram"
     attention_on: Literal["gpu", "cpu"] = "gpu"
