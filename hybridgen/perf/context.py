@@ -95,7 +95,7 @@ class CostContext:
                         2 * self.B * shape.layer_params / (g.matmul_tflops * 1e12)) + REST_KERNELS * self.launch
         head_params = shape.vocab_size * shape.hidden_size
         self.head = max(head_params * wb / (g.hbm_gbps * 1e9), 2 * self.B * head_params / (g.matmul_tflops * 1e12))
-        self.weights_bytes = shape.num_layers * layer_bytes + head_params * wb * 2
+        self.weights_bytes = shape.weights_bytes()
 
     def kv_shape(self):
         """This prediction's workload as a :class:`hybridgen.methods.footprint.KVShape`, the
