@@ -92,8 +92,7 @@ class FlexGen(TieredMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         L = ctx.num_layers
-        self.n_gpu = self.gpu_budget.resolve(ctx.max_len)
-        self.host_cap = ctx.max_len - self.n_gpu
+        self.n_gpu, self.host_cap = self.split(ctx.max_len)
         self.gpu: List[Optional[object]] = [None] * L
         self.host: List[Optional[object]] = [None] * L  # KVSegment, or (codes, meta) segments
         self.stage: Optional[list] = None  # two staging slots, allocated at the first prefill
@@ -274,6 +273,11 @@ class FlexGen(TieredMethod):
         self.gpu, self.host, self.stage, self.deq = [], [], None, None
 
     # ------------------------------------------------------------------ memory, placement, cost
+    def split(self, context: int) -> Tuple[int, int]:
+        """(gpu tokens, host tokens) per row and layer of a ``context``-token run (what bind allocates)."""
+        n_gpu = self.gpu_budget.resolve(context)
+        return n_gpu, context - n_gpu
+
     def footprint(self, shape: "KVShape") -> "Footprint":
         """Per layer n = gpu_budget.resolve(context) tokens on the gpu tier and the rest on
         ``host_tier`` (4-bit codes + per-group meta when ``compress_kv``); attention on the GPU
@@ -282,8 +286,7 @@ class FlexGen(TieredMethod):
         from hybridgen.methods.footprint import Footprint, add_bytes
 
         L, B, H, D, b, m = shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes, shape.mask_bytes
-        n_gpu = self.gpu_budget.resolve(shape.context)
-        host = shape.context - n_gpu
+        n_gpu, host = self.split(shape.context)
         if self.compress_kv:
             cb, me = quant.packed_shapes(D, self.group_size)
             host_tok = B * (2 * H * cb + m + 2 * H * me * b)  # codes (+ mask) and meta segments

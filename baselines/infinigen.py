@@ -109,7 +109,7 @@ class InfiniGen(TieredMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         L = ctx.num_layers
-        self.r = max(1, int(round(self.partial_weight_ratio * ctx.head_dim)))
+        self.r = self.partial_dims(ctx.head_dim)
         self.host: List[Optional[KVSegment]] = [None] * L
         self.pkeys: List[Optional[TierBuffer]] = [None] * L  # [B, Hkv, max_len, r] on gpu
         self.pweights: List[Optional[TierBuffer]] = [None] * L  # A[:, :, cols] [Hkv, D, r] on gpu
@@ -124,8 +124,7 @@ class InfiniGen(TieredMethod):
     def _alloc_slots(self) -> None:
         ctx = self.ctx
         B, H, D = ctx.batch_size, ctx.num_kv_heads, ctx.head_dim
-        cap = max(1, self.budget.resolve(ctx.max_len))
-        self.fetch_cap = cap
+        cap = self.fetch_cap = self.fetch_slot_tokens(ctx.max_len)
         self.slots = []
         for i in range(2):
             slot = {}
@@ -249,6 +248,14 @@ class InfiniGen(TieredMethod):
         self.host, self.pkeys, self.pweights, self.slots = [], [], [], None
 
     # ------------------------------------------------------------------ memory, placement, cost
+    def partial_dims(self, head_dim: int) -> int:
+        """r: the skewed columns kept per KV head (partial weights and keys)."""
+        return max(1, int(round(self.partial_weight_ratio * head_dim)))
+
+    def fetch_slot_tokens(self, context: int) -> int:
+        """Tokens one fetch slot holds for a ``context``-token run (the budget's, at least 1)."""
+        return max(1, self.budget.resolve(context))
+
     def footprint(self, shape: "KVShape") -> "Footprint":
         """All KV (+ masks) on ``host_tier``; per layer the partial weights (float32, float64 for
         float64 models) and partial keys (r = round(ratio x D) columns of every token) on the
@@ -256,8 +263,7 @@ class InfiniGen(TieredMethod):
         from hybridgen.methods.footprint import Footprint, add_bytes
 
         L, B, H, D, b, T = shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes, shape.context
-        r = max(1, int(round(self.partial_weight_ratio * D)))
-        cap = max(1, self.budget.resolve(T))
+        r, cap = self.partial_dims(D), self.fetch_slot_tokens(T)
         slots = 2 * cap * B * (shape.token_bytes + shape.mask_bytes)
         per_layer = H * D * r * max(4, b) + B * H * T * r * b
         return Footprint(gpu_tokens=0.0, host_tokens=T, staging_tokens=2 * cap,

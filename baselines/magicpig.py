@@ -222,10 +222,7 @@ class MagicPIG(TieredMethod):
         ctx = self.ctx
         B, H, T, D = k.shape
         with_mask = needs_mask(valid)
-        s = min(self.sinks, T)
-        w = min(self.window, T - s)
-        if layer < self.dense_layers:
-            s, w = T, 0
+        s, w = self.gpu_part(layer, T)
         host_end = T - w
         gpu = self.segment("gpu", f"layer{layer}/gpu", s + w + ctx.max_new_tokens, with_mask)
         host = self.segment(self.tier, f"layer{layer}/host", host_end - s, with_mask)
@@ -267,6 +264,14 @@ class MagicPIG(TieredMethod):
         return out
 
     # ------------------------------------------------------------------ memory
+    def gpu_part(self, layer: int, prompt: int) -> Tuple[int, int]:
+        """(sinks, window): the prompt tokens ``layer`` keeps exactly on the gpu tier (every one
+        in a dense layer); the prompt tokens between them go to the host."""
+        if layer < self.dense_layers:
+            return prompt, 0
+        s = min(self.sinks, prompt)
+        return s, min(self.window, prompt - s)
+
     def footprint(self, shape: "KVShape") -> "Footprint":
         """Per layer: a gpu segment of its prompt tokens (every one in a dense layer; sinks +
         window in a sampled one) + every generated token, and in a sampled layer with a host part
@@ -278,8 +283,7 @@ class MagicPIG(TieredMethod):
         cb = torch.empty((), dtype=code_dtype(self.bits)).element_size()  # one code per key and table
         gpu = host = gpu_tokens = host_tokens = 0
         for layer in range(shape.layers):
-            s = T if layer < self.dense_layers else min(self.sinks, T)
-            w = 0 if layer < self.dense_layers else min(self.window, T - s)
+            s, w = self.gpu_part(layer, T)
             n = T - s - w
             gpu += (s + w + shape.new_tokens) * X + (shape.head_dim * self.tables * self.bits * 4 if n > 0 else 0)
             host += n * X + shape.batch * shape.kv_heads * self.tables * n * (cb + 4)
