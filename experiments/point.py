@@ -12,7 +12,6 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridgen.errors import HybridGenError
 from hybridgen.results import hardware_part, run_name
 
 
