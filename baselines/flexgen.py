@@ -44,7 +44,7 @@ Choices where the paper is silent or which differ from it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, List, Literal, Optional
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -72,6 +72,10 @@ class FlexGen(TieredMethod):
     """
 
     name: ClassVar[str] = "flexgen"
+    # the per-layer runs `python -m hybridgen.perf.validate` times against the projection
+    # (hybridgen.perf.local_rows.validation_methods): (row label, parameters on top of its gpu share)
+    validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (
+        ("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}))
     gpu_budget: Budget = Budget(ratio=0.0)
     host_tier: Literal["dram", "cxl"] = "dram"
     attention_on: Literal["gpu", "cpu"] = "gpu"
@@ -88,8 +92,7 @@ class FlexGen(TieredMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         L = ctx.num_layers
-        self.n_gpu = self.gpu_budget.resolve(ctx.max_len)
-        self.host_cap = ctx.max_len - self.n_gpu
+        self.n_gpu, self.host_cap = self.split(ctx.max_len)
         self.gpu: List[Optional[object]] = [None] * L
         self.host: List[Optional[object]] = [None] * L  # KVSegment, or (codes, meta) segments
         self.stage: Optional[list] = None  # two staging slots, allocated at the first prefill
@@ -269,23 +272,65 @@ class FlexGen(TieredMethod):
         super().release()
         self.gpu, self.host, self.stage, self.deq = [], [], None, None
 
-    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """FlexGen's cache_gpu_percent from the budget: the gpu share plus (attention on the
-        GPU) two layer-sized staging slots of the host part fit; when the slots alone do not,
-        the host part is attended on the CPU (FlexGen's cpu_cache_compute), which needs none."""
-        from hybridgen.methods.placement import as_budget, gpu_share
+    # ------------------------------------------------------------------ memory, placement, cost
+    def split(self, context: int) -> Tuple[int, int]:
+        """(gpu tokens, host tokens) per row and layer of a ``context``-token run (what bind allocates)."""
+        n_gpu = self.gpu_budget.resolve(context)
+        return n_gpu, context - n_gpu
 
-        slots = 2 * shape.batch * shape.context * (shape.token_bytes + shape.mask_bytes)
-        if self.attention_on == "cpu" or slots > gpu_kv_bytes:
-            return {"gpu_budget": as_budget(gpu_share(gpu_kv_bytes, shape)), "attention_on": "cpu"}
-        return {"gpu_budget": as_budget(gpu_share(gpu_kv_bytes, shape, staging_layers=2, stage_host=True))}
+    def footprint(self, shape: "KVShape") -> "Footprint":
+        """Per layer n = gpu_budget.resolve(context) tokens on the gpu tier and the rest on
+        ``host_tier`` (4-bit codes + per-group meta when ``compress_kv``); attention on the GPU
+        adds two model-wide staging slots of one layer's host part (+ two dequantisation
+        buffers when compressed). Masks: one byte per KV head and token when padded."""
+        from hybridgen.methods.footprint import Footprint, add_bytes
+
+        L, B, H, D, b, m = shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes, shape.mask_bytes
+        n_gpu, host = self.split(shape.context)
+        if self.compress_kv:
+            cb, me = quant.packed_shapes(D, self.group_size)
+            host_tok = B * (2 * H * cb + m + 2 * H * me * b)  # codes (+ mask) and meta segments
+            dequant = 2 * B * H * host * D * b
+        else:
+            host_tok, dequant = B * (shape.token_bytes + m), 0
+        shared = 2 * host * host_tok + dequant if self.attention_on == "gpu" and host > 0 else 0
+        return Footprint(gpu_tokens=n_gpu, host_tokens=host, staging_tokens=2 * host if shared else 0,
+                         tier_bytes=add_bytes({"gpu": L * n_gpu * B * (shape.token_bytes + m) + shared},
+                                              {self.host_tier: L * host * host_tok}),
+                         shared_gpu_bytes=shared)
+
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """FlexGen's cache_gpu_percent from the budget: the largest gpu share whose footprint
+        (with the staging slots when attention is on the GPU) fits; when even the slots alone do
+        not, the host part is attended on the CPU (FlexGen's cpu_cache_compute), which needs none."""
+        from hybridgen.errors import ConfigError
+        from hybridgen.methods.footprint import fit_share
+        from hybridgen.methods.placement import as_budget
+
+        if self.attention_on == "gpu":
+            try:
+                return fit_share(self, gpu_kv_bytes, shape, lambda n: {"gpu_budget": as_budget(n)})
+            except ConfigError:
+                pass
+        return fit_share(self, gpu_kv_bytes, shape, lambda n: {"gpu_budget": as_budget(n), "attention_on": "cpu"})
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: streamed (4-bit when compress_kv) or CPU attention over the host part."""
-        from hybridgen.perf.costs import cpu_attention_split_cost, flexgen_stream_cost
+        """PROJECTED layer cost: the host part streamed over PCIe (4-bit codes + a GPU
+        dequantisation pass when compress_kv) or attended on the CPU; memory: the footprint."""
+        from hybridgen.methods.footprint import with_memory
+        from hybridgen.perf.costs import cpu_attention_split_cost, stream_cost
 
+        share, shape = c.fraction(self.gpu_budget), c.kv_shape()
         if self.compress_kv:
-            return flexgen_stream_cost(c, self.gpu_budget, int4_group=self.group_size, mapping=self.host_tier)
-        if self.attention_on == "cpu":
-            return cpu_attention_split_cost(c, self.gpu_budget, merge=True, mapping=self.host_tier)
-        return flexgen_stream_cost(c, self.gpu_budget, mapping=self.host_tier)
+            per_elem = 0.5 + 4.0 / self.group_size  # 4-bit code + fp16 (min, scale) per group
+            S_h = c.split(share)[1]
+            wire = 2 * c.Hkv * c.D * per_elem
+            dequant = (c.B * S_h * (wire + c.kv_tok)) / (c.hw.gpu.hbm_gbps * 1e9) + c.launch
+            lay = stream_cost(c, share, wire, dequant, self.host_tier, "flexgen-int4")
+            lay.breakdown["dequant_s"] = dequant
+        elif self.attention_on == "cpu":
+            lay = cpu_attention_split_cost(c, share, merge=True, mapping=self.host_tier)
+        else:
+            lay = stream_cost(c, share, mapping=self.host_tier, label="flexgen-stream")
+            lay.breakdown["dequant_s"] = 0.0
+        return with_memory(lay, self.footprint(shape), shape)

@@ -109,7 +109,7 @@ class InfiniGen(TieredMethod):
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
         L = ctx.num_layers
-        self.r = max(1, int(round(self.partial_weight_ratio * ctx.head_dim)))
+        self.r = self.partial_dims(ctx.head_dim)
         self.host: List[Optional[KVSegment]] = [None] * L
         self.pkeys: List[Optional[TierBuffer]] = [None] * L  # [B, Hkv, max_len, r] on gpu
         self.pweights: List[Optional[TierBuffer]] = [None] * L  # A[:, :, cols] [Hkv, D, r] on gpu
@@ -124,8 +124,7 @@ class InfiniGen(TieredMethod):
     def _alloc_slots(self) -> None:
         ctx = self.ctx
         B, H, D = ctx.batch_size, ctx.num_kv_heads, ctx.head_dim
-        cap = max(1, self.budget.resolve(ctx.max_len))
-        self.fetch_cap = cap
+        cap = self.fetch_cap = self.fetch_slot_tokens(ctx.max_len)
         self.slots = []
         for i in range(2):
             slot = {}
@@ -248,21 +247,63 @@ class InfiniGen(TieredMethod):
         super().release()
         self.host, self.pkeys, self.pweights, self.slots = [], [], [], None
 
+    # ------------------------------------------------------------------ memory, placement, cost
+    def partial_dims(self, head_dim: int) -> int:
+        """r: the skewed columns kept per KV head (partial weights and keys)."""
+        return max(1, int(round(self.partial_weight_ratio * head_dim)))
+
+    def fetch_slot_tokens(self, context: int) -> int:
+        """Tokens one fetch slot holds for a ``context``-token run (the budget's, at least 1)."""
+        return max(1, self.budget.resolve(context))
+
+    def footprint(self, shape: "KVShape") -> "Footprint":
+        """All KV (+ masks) on ``host_tier``; per layer the partial weights (float32, float64 for
+        float64 models) and partial keys (r = round(ratio x D) columns of every token) on the
+        gpu tier; two fetch slots of budget.resolve(context) tokens on each side (K, V, masks)."""
+        from hybridgen.methods.footprint import Footprint, add_bytes
+
+        L, B, H, D, b, T = shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes, shape.context
+        r, cap = self.partial_dims(D), self.fetch_slot_tokens(T)
+        slots = 2 * cap * B * (shape.token_bytes + shape.mask_bytes)
+        per_layer = H * D * r * max(4, b) + B * H * T * r * b
+        return Footprint(gpu_tokens=0.0, host_tokens=T, staging_tokens=2 * cap,
+                         tier_bytes=add_bytes({"gpu": L * per_layer + slots},
+                                              {self.host_tier: shape.kv_bytes(T) + slots}),
+                         shared_gpu_bytes=slots)
+
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
         """All KV on the host; the GPU holds the partial keys and weights and two fetch slots:
-        nothing to derive, refused when they do not fit."""
-        from hybridgen.methods.placement import refuse
+        nothing to derive, refused when its footprint does not fit."""
+        from hybridgen.methods.footprint import fit_first
 
-        r = max(1, round(self.partial_weight_ratio * shape.head_dim))
-        L, B, H, D, b, T = shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes, shape.context
-        cap = max(1, self.budget.resolve(T))
-        need = L * H * D * r * 4 + L * B * H * T * r * b + 2 * B * H * cap * (2 * D * b + 1)
-        if need > gpu_kv_bytes:
-            raise refuse(self.name, need, gpu_kv_bytes, "its partial keys and fetch slots")
-        return {}
+        return fit_first(self, gpu_kv_bytes, shape, [{}], "its partial keys and fetch slots")
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: speculation on partial keys, fetch of the budget from the host."""
-        from hybridgen.perf.costs import infinigen_cost
+        """PROJECTED layer cost (:func:`infinigen_cost`); memory: the footprint."""
+        from hybridgen.methods.footprint import with_memory
 
-        return infinigen_cost(c, c.fraction(self.budget), self.partial_weight_ratio, mapping=self.host_tier)
+        shape = c.kv_shape()
+        lay = infinigen_cost(c, c.fraction(self.budget), self.partial_weight_ratio, mapping=self.host_tier)
+        return with_memory(lay, self.footprint(shape), shape)
+
+
+def infinigen_cost(c: "CostContext", budget_ratio: float, partial_ratio: float, mapping: str = "dram") -> "LayerCost":
+    """PROJECTED InfiniGen layer: all KV on the host (S_h = S); speculation over the partial keys
+    on the GPU, spec = B*S*Hkv*(partial_ratio*D)*b / attention_gbps; the budget_ratio*S tokens
+    it picks are gathered on the host and copied one layer ahead, fetch = gather + copy of
+    B*r*S*kv_tok; attn = spec + fetch + gpu_attn(r*S); layer = max(fetch, rest + spec + gpu_attn)."""
+    from hybridgen.perf.context import LayerCost
+
+    S_h = c.S  # the host keeps all KV
+    _, value_tier = c.tiers(mapping)
+    fetched = budget_ratio * S_h
+    spec = c.B * c.S * c.Hkv * (partial_ratio * c.D) * c.b / (c.hw.gpu.attention_gbps * 1e9) + c.launch
+    nbytes = c.B * fetched * c.kv_tok
+    gather = c.gather_time(c.B * c.Hkv * fetched, 2 * c.D * c.b, value_tier)
+    xfer = c.copy(nbytes)
+    fetch = gather + xfer
+    gpu = spec + c.gpu_attn(fetched)
+    return LayerCost(attn=fetch + gpu, layer=max(fetch, c.rest + gpu), cpu=gather, gpu=c.rest + gpu, transfer=xfer,
+                     breakdown={"speculation_s": spec, "gather_s": gather, "transfer_s": xfer,
+                                "gpu_attn_s": gpu - spec, "rest_s": c.rest, "h2d_bytes": nbytes},
+                     label="infinigen")

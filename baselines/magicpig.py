@@ -40,8 +40,8 @@ Choices where the paper is silent (or that are ours):
   codes (the CPU needs q for the logits);
 - under one GPU memory budget (``placement_for``) nothing is derived: the gpu tier holds the
   sinks, window, generated tokens (every prompt token of a dense layer) and the hyperplanes
-  (:meth:`MagicPIG.gpu_bytes`, what the ledger counts); a budget below that is refused;
-- the projected cost (:func:`magicpig_cost`) prices the code as it runs: the query's hash and
+  (:meth:`MagicPIG.footprint`, what the ledger counts); a budget below that is refused;
+- the projected cost (:func:`baselines.magicpig_cost.magicpig_cost`) prices the code as it runs: the query's hash and
   copy down, then the CPU's searches, candidate passes, count (a sort), row gathers and the
   sampling probabilities (the binomial tail, tables - m + 1 float64 terms per sampled pair,
   which dominates at long contexts) concurrent with the GPU's exact part, then the copy up and
@@ -70,27 +70,7 @@ from hybridgen.kv.segment import split_prompt
 from hybridgen.methods import HostTier, MethodContext, NonNegInt, PositiveInt, Range
 
 NEG_INF = float("-inf")
-# The CPU part's work per layer-step, counted from :func:`collect` and :func:`sampled_attention`
-# (torch.profiler: 103 top-level non-view ops per call). The passes below are the ops over arrays
-# that grow with the context; SMALL_OPS are those over per-(query head, table) arrays (searches,
-# bucket bounds, the per-head max, sums and merge); each of these costs one host op (a thread
-# fork/join); the other ~44 ops work on scalars and are left out.
-COLLECT_PASSES = 18   # elementwise int64 passes over the candidates (entry ids, offsets, key ids, pair keys)
-PAIR_PASSES = 6       # passes over the collected pairs (count filter, pair -> (b, head, key), group ids)
-ROW_PASSES = 9        # passes over the sampled rows [N, D] (gathers, float casts, dot, norms, weighted V)
-TAIL_OPS = 5          # float64 ops over the binomial tail [N, tables - m + 1] (xlogy, xlog1py, adds, logsumexp)
-TAIL_TOUCHES = 8      # float64 array reads / writes per tail term (the ops' outputs, logsumexp's passes)
-SMALL_OPS = 21
-HOST_OPS = COLLECT_PASSES + PAIR_PASSES + ROW_PASSES + TAIL_OPS + SMALL_OPS
-# The tail's arithmetic (two logarithms and an exponential per term), seconds per term on one
-# core, measured on the development machine (AMD EPYC, 1 torch thread, log_sample_prob over
-# 500-2000 cosines x 149 terms in cache: 16-21 ns, the fastest taken); an assumption on other
-# hosts. Its memory traffic (TAIL_TOUCHES x 8 B per term) is priced on top at the DRAM rate.
-TAIL_TERM_S = 16e-9
 RATE_GRID = 4001      # points of the cos θ grid of expected_sample_rate(head_dim=...)
-HASH_KERNELS = 6      # the query's SimHash on the compute device (matmul, sign, reshape, cast, weights, sum)
-APPEND_KERNELS = 2    # the new token's K and V into the gpu segment
-CACHE_LINE = 64       # bytes one probe of a binary search reads
 
 
 def code_dtype(bits: int) -> torch.dtype:
@@ -242,10 +222,7 @@ class MagicPIG(TieredMethod):
         ctx = self.ctx
         B, H, T, D = k.shape
         with_mask = needs_mask(valid)
-        s = min(self.sinks, T)
-        w = min(self.window, T - s)
-        if layer < self.dense_layers:
-            s, w = T, 0
+        s, w = self.gpu_part(layer, T)
         host_end = T - w
         gpu = self.segment("gpu", f"layer{layer}/gpu", s + w + ctx.max_new_tokens, with_mask)
         host = self.segment(self.tier, f"layer{layer}/host", host_end - s, with_mask)
@@ -287,119 +264,63 @@ class MagicPIG(TieredMethod):
         return out
 
     # ------------------------------------------------------------------ memory
-    def gpu_layers(self, num_layers: int, prompt: int, head_dim: int):
-        """Per layer: (gpu tokens before generation, hyperplane bytes) for a prompt of ``prompt``
-        tokens: every prompt token in a dense layer; sinks + window (and the planes, when any
-        token is left for the host) in a sampled one."""
-        out = []
-        for layer in range(num_layers):
-            if layer < self.dense_layers:
-                out.append((prompt, 0))
-                continue
-            s = min(self.sinks, prompt)
-            w = min(self.window, prompt - s)
-            out.append((s + w, head_dim * self.tables * self.bits * 4 if prompt - w > s else 0))
-        return out
+    def gpu_part(self, layer: int, prompt: int) -> Tuple[int, int]:
+        """(sinks, window): the prompt tokens ``layer`` keeps exactly on the gpu tier (every one
+        in a dense layer); the prompt tokens between them go to the host."""
+        if layer < self.dense_layers:
+            return prompt, 0
+        s = min(self.sinks, prompt)
+        return s, min(self.window, prompt - s)
+
+    def footprint(self, shape: "KVShape") -> "Footprint":
+        """Per layer: a gpu segment of its prompt tokens (every one in a dense layer; sinks +
+        window in a sampled one) + every generated token, and in a sampled layer with a host part
+        the float32 hyperplanes [D, tables x bits] on the gpu; the rest of the prompt and its hash
+        tables (codes + int32 ids per key and table) on ``tier``. Masks when padded."""
+        from hybridgen.methods.footprint import Footprint, add_bytes
+
+        T, X = shape.prompt, shape.batch * (shape.token_bytes + shape.mask_bytes)
+        cb = torch.empty((), dtype=code_dtype(self.bits)).element_size()  # one code per key and table
+        gpu = host = gpu_tokens = host_tokens = 0
+        for layer in range(shape.layers):
+            s, w = self.gpu_part(layer, T)
+            n = T - s - w
+            gpu += (s + w + shape.new_tokens) * X + (shape.head_dim * self.tables * self.bits * 4 if n > 0 else 0)
+            host += n * X + shape.batch * shape.kv_heads * self.tables * n * (cb + 4)
+            gpu_tokens, host_tokens = gpu_tokens + s + w + shape.new_tokens, host_tokens + n
+        return Footprint(gpu_tokens=gpu_tokens / shape.layers, host_tokens=host_tokens / shape.layers,
+                         tier_bytes=add_bytes({"gpu": gpu}, {self.tier: host}))
 
     def gpu_bytes(self, layers: int, batch: int, kv_heads: int, head_dim: int, dtype_bytes: int, prompt: int,
                   new_tokens: int, masked: bool) -> int:
-        """Bytes this method allocates on the gpu tier for a run of that shape (what the ledger
-        counts): per layer the gpu segment (its tokens + every generated one, K and V, + a mask
-        byte per KV head when ``masked``) and the hyperplanes (float32 [D, tables x bits])."""
-        per_token = batch * kv_heads * (2 * head_dim * dtype_bytes + (1 if masked else 0))
-        return sum((n + new_tokens) * per_token + planes for n, planes in self.gpu_layers(layers, prompt, head_dim))
+        """Bytes this method allocates on the gpu tier for a run of that shape (its footprint's)."""
+        from hybridgen.methods.footprint import KVShape
+
+        return self.footprint(KVShape(layers, kv_heads, head_dim, dtype_bytes, batch, prompt + new_tokens, new_tokens,
+                                      masked)).gpu_bytes
 
     def placement_for(self, gpu_kv_bytes: int, shape) -> "Optional[dict]":
         """Prompt KV and hash tables on the host tier, sinks + window + generated tokens and the
-        hyperplanes on the GPU (:meth:`gpu_bytes`, masks counted): nothing to derive; refused
-        when they do not fit."""
-        from hybridgen.methods.placement import refuse
+        hyperplanes on the GPU (the footprint, masks counted): nothing to derive; refused when
+        they do not fit."""
+        from hybridgen.methods.footprint import fit_first
 
-        need = self.gpu_bytes(shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes,
-                              shape.prompt, shape.new_tokens, masked=True)
-        if need > gpu_kv_bytes:
-            raise refuse(self.name, need, gpu_kv_bytes, "its sinks, local window, generated tokens and hyperplanes")
-        return {}
+        return fit_first(self, gpu_kv_bytes, shape, [{}], "its sinks, local window, generated tokens and hyperplanes")
 
     # ------------------------------------------------------------------ performance model
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost (:func:`magicpig_cost`; dense leading layers priced as dense GPU
-        attention over the context, the mean layer taken)."""
+        """PROJECTED layer cost (:func:`baselines.magicpig_cost.magicpig_cost`; dense leading layers
+        priced as dense GPU attention over the context, the mean layer taken); memory: the footprint."""
         from baselines.layer_costs import mean_layer_cost
+        from baselines.magicpig_cost import APPEND_KERNELS, magicpig_cost
+        from hybridgen.methods.footprint import with_memory
         from hybridgen.perf.costs import PARTIAL_KERNELS, gpu_resident_cost
 
-        L = c.shape.num_layers
+        L, shape = c.shape.num_layers, c.kv_shape()
         dense = min(self.dense_layers, L)
-        sampled = magicpig_cost(c, self.bits, self.tables, self.min_collisions, self.sinks + self.window, self.tier)
-        if not dense:
-            return sampled
-        full_layer = gpu_resident_cost(c, c.S, c.fixed(gpu_kernels=PARTIAL_KERNELS + APPEND_KERNELS - 1),
-                                       label="magicpig")
-        return mean_layer_cost([full_layer] * dense + [sampled] * (L - dense), label="magicpig")
-
-
-def magicpig_cost(c: "CostContext", bits: int, tables: int, min_collisions: int, gpu_tokens: int,
-                  tier: str = "dram") -> "LayerCost":
-    """PROJECTED MagicPIG layer as the code runs it (symbols: :mod:`hybridgen.perf.context`).
-
-    n = S - gpu_tokens host keys per sequence; the sampled share u = the mean collection
-    probability of keys in random directions (:func:`expected_sample_rate` with head_dim D);
-    candidates N_c = B*Hq*L*n/2^K (one bucket per query head and table); sampled pairs
-    N_s = B*Hq*n*u; J = L - m + 1 tail terms.
-
-      pre  = SimHash of q (planes [D, L*K] read at HBM rate, or its FLOPs) + HASH_KERNELS and
-             APPEND_KERNELS launches, then q + codes copied down (the host waits for them)
-      cpu  = binary searches (2*B*Hq*L*log2 n probes of a cache line, gather rate)
-             + bucket ids read (N_c x 4 B, gather rate) + COLLECT_PASSES int64 passes over N_c
-             + the count (a sort of N_c int64 keys, at the top-k rate) + PAIR_PASSES over N_s
-             + K and V rows of the sampled pairs (gather, at the KV tier) + ROW_PASSES fp32
-             passes over [N_s, D] + the sampling probabilities (N_s*J tail terms: TAIL_TERM_S
-             per term and core + TAIL_TOUCHES x 8 B) + HOST_OPS host ops; passes read and
-             write (2x bytes) at the DRAM read rate
-      gpu  = the exact partial over the gpu_tokens (unfused: logits, softmax, weighted sum)
-      post = out + lse copied up, then the LSE merge (MERGE_KERNELS)
-      attn = pre + overlap(cpu, gpu) + post;  layer = rest + attn  (no cross-layer overlap)
-    """
-    from hybridgen.perf.costs import MERGE_KERNELS, PARTIAL_KERNELS
-    from hybridgen.perf.context import LayerCost
-
-    key_tier, _ = c.tiers(tier)
-    B, Hq, D, b = c.B, c.Hq, c.D, c.b
-    n_gpu = min(c.S, gpu_tokens)
-    n = c.S - n_gpu
-    planes_bytes = D * tables * bits * 4
-    cb = 2 if bits <= 15 else 4
-    rate = expected_sample_rate(bits, tables, min_collisions, head_dim=D)
-    sampled = B * Hq * n * rate
-    candidates = B * Hq * tables * n * 0.5 ** bits
-    J = tables - min_collisions + 1
-    hbm, flops = c.hw.gpu.hbm_gbps * 1e9, c.hw.gpu.matmul_tflops * 1e12
-    hash_s = max(planes_bytes / hbm, 2 * B * Hq * D * tables * bits / flops)
-    pre_gpu = hash_s + c.fixed(gpu_kernels=HASH_KERNELS + APPEND_KERNELS)
-    down = B * Hq * (D * b + tables * cb)
-    up = B * Hq * (D * b + 4)
-    dram = c.hw.host.dram_read_gbps * 1e9
-    if n:
-        search = c.gather_time(2 * B * Hq * tables * math.ceil(math.log2(max(n, 2))), CACHE_LINE, key_tier)
-        buckets = c.gather_time(candidates, 4, key_tier)
-        collect_s = COLLECT_PASSES * candidates * 8 * 2 / dram + c.topk_time(candidates * 8)
-        pairs = PAIR_PASSES * sampled * 8 * 2 / dram
-        rows = c.gather_time(sampled, 2 * D * b, key_tier) + ROW_PASSES * sampled * D * 4 * 2 / dram
-        tail = sampled * J * (TAIL_TERM_S / (c.hw.host.cores or 1) + TAIL_TOUCHES * 8 / dram)
-        cpu = search + buckets + collect_s + pairs + rows + tail + c.fixed(host_ops=HOST_OPS)
-        xfer_down, xfer_up = c.copy(down), c.copy(up)
-    else:
-        search = buckets = collect_s = pairs = rows = tail = cpu = xfer_down = xfer_up = 0.0
-    gpu_attn = c.gpu_attn(n_gpu) + c.fixed(gpu_kernels=PARTIAL_KERNELS - 1)
-    merge = c.fixed(gpu_kernels=MERGE_KERNELS) if n else 0.0
-    attn = pre_gpu + xfer_down + (c.overlap(cpu, gpu_attn) if n else gpu_attn) + xfer_up + merge
-    resident = n_gpu + planes_bytes / (B * c.kv_tok) if n else n_gpu
-    return LayerCost(attn=attn, layer=c.rest + attn, cpu=cpu, gpu=c.rest + pre_gpu + gpu_attn + merge,
-                     transfer=xfer_down + xfer_up, gpu_tokens=resident,
-                     breakdown={"hash_s": pre_gpu, "search_s": search, "bucket_s": buckets, "collect_s": collect_s,
-                                "pairs_s": pairs, "rows_s": rows, "tail_s": tail, "candidates": candidates,
-                                "sampled_pairs": sampled, "sample_rate": rate, "gpu_attn_s": gpu_attn,
-                                "transfer_s": xfer_down + xfer_up, "rest_s": c.rest, "h2d_bytes": up,
-                                "d2h_bytes": down, "host_kv_bytes": B * n * c.kv_tok,
-                                "host_table_bytes": B * c.Hkv * tables * n * (cb + 4)},
-                     label="magicpig")
+        lay = magicpig_cost(c, self.bits, self.tables, self.min_collisions, self.sinks + self.window, self.tier)
+        if dense:
+            full_layer = gpu_resident_cost(c, c.S, c.fixed(gpu_kernels=PARTIAL_KERNELS + APPEND_KERNELS - 1),
+                                           label="magicpig")
+            lay = mean_layer_cost([full_layer] * dense + [lay] * (L - dense), label="magicpig")
+        return with_memory(lay, self.footprint(shape), shape)

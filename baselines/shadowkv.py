@@ -43,8 +43,9 @@ Choices where the paper is silent (or which we adapt):
   similarities; an all-padding chunk is never an outlier and never selected unless the budget
   exceeds the real chunks (its tokens are masked);
 - under one GPU memory budget (``placement_for``) nothing is derived: the gpu tier holds what
-  :func:`gpu_layout` counts (the ledger's bytes, masks included), or the method is refused;
-- the projected cost (:func:`shadowkv_cost`) follows the code: scoring, the ids down, the host
+  its footprint counts (:func:`gpu_layout`: the ledger's bytes, masks included), or the method
+  is refused;
+- the projected cost (:func:`baselines.shadowkv_cost.shadowkv_cost`) follows the code: scoring, the ids down, the host
   gather, the copy up, the key rebuild and attention one after the other;
 - stats: 'bytes_h2d' = fetched value rows (B x Hkv x selected tokens x D x bytes), 'bytes_d2h'
   = prompt values written to the host + the selected chunk ids sent to it, 'fetched_tokens'
@@ -321,89 +322,49 @@ class ShadowKV(TieredMethod):
         return plan_chunks(prompt, kv_dims, self.budget.resolve(prompt), self.rank, self.chunk_size,
                            self.local_chunks, self.outlier_ratio)
 
+    def footprint(self, shape: "KVShape") -> "Footprint":
+        """The chunk plan of the prompt (:meth:`plan`); on the gpu tier what :func:`gpu_layout`
+        counts (per layer the factors, landmarks, outliers and local window; model-wide the
+        positions and fetch buffers), on ``host_tier`` the chunked part's values per layer and
+        the staging buffer of the fetched values."""
+        from hybridgen.methods.footprint import Footprint, add_bytes
+
+        B, H, D, b = shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes
+        plan = self.plan(shape.prompt, H * D)
+        C, O, n_sel, _ = plan
+        per_layer, shared = gpu_layout(plan, self.chunk_size, B, H, D, b, shape.prompt, shape.new_tokens,
+                                       shape.masked)
+        n = n_sel * self.chunk_size
+        return Footprint(gpu_tokens=O * self.chunk_size + shape.prompt - C * self.chunk_size + shape.new_tokens,
+                         host_tokens=C * self.chunk_size, staging_tokens=n,
+                         tier_bytes=add_bytes({"gpu": shape.layers * per_layer + shared},
+                                              {self.host_tier: shape.layers * B * H * C * self.chunk_size * D * b
+                                               + B * H * n * D * b}),
+                         shared_gpu_bytes=shared)
+
     def gpu_bytes(self, layers: int, batch: int, kv_heads: int, head_dim: int, dtype_bytes: int, prompt: int,
                   new_tokens: int, masked: bool) -> int:
-        """Bytes this method allocates on the gpu tier for a run of that shape (what the ledger
-        counts; :func:`gpu_layout`)."""
-        per_layer, shared = gpu_layout(self.plan(prompt, kv_heads * head_dim), self.chunk_size, batch, kv_heads,
-                                       head_dim, dtype_bytes, prompt, new_tokens, masked)
-        return layers * per_layer + shared
+        """Bytes this method allocates on the gpu tier for a run of that shape (its footprint's)."""
+        from hybridgen.methods.footprint import KVShape
+
+        return self.footprint(KVShape(layers, kv_heads, head_dim, dtype_bytes, batch, prompt + new_tokens, new_tokens,
+                                      masked)).gpu_bytes
 
     def placement_for(self, gpu_kv_bytes: int, shape) -> "Optional[dict]":
-        """Values on the host, the rest on the GPU (:meth:`gpu_bytes`, masks counted): nothing
-        to derive; refused when it does not fit."""
-        from hybridgen.methods.placement import refuse
+        """Values on the host, the rest on the GPU (the footprint, masks counted): nothing to
+        derive; refused when it does not fit."""
+        from hybridgen.methods.footprint import fit_first
 
-        need = self.gpu_bytes(shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes,
-                              shape.prompt, shape.new_tokens, masked=True)
-        if need > gpu_kv_bytes:
-            raise refuse(self.name, need, gpu_kv_bytes, "its key factors, landmarks, outliers and local window")
-        return {}
+        return fit_first(self, gpu_kv_bytes, shape, [{}], "its key factors, landmarks, outliers and local window")
 
     # ------------------------------------------------------------------ performance model
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost (see :func:`shadowkv_cost`)."""
-        return shadowkv_cost(c, c.fraction(self.budget), self.rank, self.chunk_size, self.local_chunks,
-                             self.outlier_ratio, mapping=self.host_tier)
+        """PROJECTED layer cost (:func:`baselines.shadowkv_cost.shadowkv_cost`); memory: the
+        footprint (unpadded, the S context tokens as the prompt)."""
+        from baselines.shadowkv_cost import shadowkv_cost
+        from hybridgen.methods.footprint import with_memory
 
-
-# GPU kernels / host ops of one decode step, counted from ShadowKV.select_chunks, _fetch and decode
-SCORE_KERNELS = 7    # landmark logits, padding mask, softmax, group max, top-k, chunk-id gather, sort
-REBUILD_KERNELS = 6  # chunk -> token ids, U-row gather, matmul by S V^T, position gather, rotation, fetch copy
-PARTS_KERNELS = 4    # logits of the two extra parts (outliers, fetched chunks) and their masks
-FETCH_HOST_OPS = 3   # token ids to host rows, the value gather into the staging buffer, the copy up
-# memory touches of the key rebuild per fetched (token, KV head): rows of U ([r]) read by the
-# gather, written, read by the matmul; rebuilt keys ([D]) written, read and written by the
-# rotation (pre-RoPE x cos, rotate_half x sin), read and written by the copy into the fetch buffer
-REBUILD_TOUCHES_R = 3
-REBUILD_TOUCHES_D = 5
-
-
-def shadowkv_cost(c: "CostContext", budget_ratio: float, rank: int, chunk: int, local_chunks: int,
-                  outlier_ratio: float, mapping: str = "dram") -> "LayerCost":
-    """PROJECTED ShadowKV layer as the code runs it, one step after the other (the paper overlaps
-    the value fetch with the key rebuild; ``ShadowKV._fetch`` waits for the chunk ids, gathers on
-    the host and copies synchronously before it rebuilds):
-
-      score   = gpu_keys(C - O landmarks) + SCORE_KERNELS launches
-      ids     = the selected chunk ids copied down (B*Hkv*n_sel*8 bytes; the host waits for them)
-      gather  = the host gather of n = n_sel*chunk value rows per KV head (value tier) + FETCH_HOST_OPS
-      copy    = those rows up (B*n*key_tok bytes, pinned staging)
-      rebuild = max(B*Hkv*n*(REBUILD_TOUCHES_R*r + REBUILD_TOUCHES_D*D)*b / hbm, 2*B*Hkv*n*r*D / matmul)
-                + REBUILD_KERNELS launches
-      attn    = gpu_attn(n + outliers + local) (one softmax over the parts) + PARTS_KERNELS launches
-      layer   = rest + score + ids + gather + copy + rebuild + attn   (no cross-layer prefetch)
-
-    The chunk plan is the method's (:func:`plan_chunks`) over the context S; GPU residency is its
-    ledger layout (:func:`gpu_layout`, unpadded, the tokens generated so far in S): per layer U,
-    S V^T, landmarks and ids, outliers and the local window; the fetch buffers and positions are
-    model-wide staging.
-    """
-    from hybridgen.perf.context import LayerCost
-
-    S, B, Hkv, D, b = c.S, c.B, c.Hkv, c.D, c.b
-    budget = int(math.ceil(round(budget_ratio * S, 6)))
-    plan = plan_chunks(S, Hkv * D, budget, rank, chunk, local_chunks, outlier_ratio)
-    C, O, n_sel, r = plan
-    n, outl, local = n_sel * chunk, O * chunk, S - C * chunk
-    _, value_tier = c.tiers(mapping)
-    score = c.gpu_keys(C - O) + c.fixed(gpu_kernels=SCORE_KERNELS - 1) if C else 0.0
-    ids = c.copy(B * Hkv * n_sel * 8) if n else 0.0
-    gather = c.gather_time(B * Hkv * n, D * b, value_tier) + c.fixed(host_ops=FETCH_HOST_OPS) if n else 0.0
-    h2d = B * n * c.key_tok
-    copy = c.copy(h2d)
-    rebuild_bytes = B * Hkv * n * (REBUILD_TOUCHES_R * r + REBUILD_TOUCHES_D * D) * b + B * Hkv * r * D * b
-    rebuild = 0.0
-    if n:
-        rebuild = max(rebuild_bytes / (c.hw.gpu.hbm_gbps * 1e9), 2 * B * Hkv * n * r * D / (c.hw.gpu.matmul_tflops * 1e12))
-        rebuild += c.fixed(gpu_kernels=REBUILD_KERNELS)
-    attn_gpu = c.gpu_attn(n + outl + local) + c.fixed(gpu_kernels=PARTS_KERNELS)
-    attn = score + ids + gather + copy + rebuild + attn_gpu
-    per_layer, shared = gpu_layout(plan, chunk, B, Hkv, D, b, S, 0, masked=False)
-    return LayerCost(attn=attn, layer=c.rest + attn, cpu=gather, gpu=c.rest + score + rebuild + attn_gpu,
-                     transfer=ids + copy, gpu_tokens=per_layer / (B * c.kv_tok), staging_tokens=shared / (B * c.kv_tok),
-                     breakdown={"score_s": score, "ids_s": ids, "gather_s": gather, "copy_s": copy,
-                                "fetch_s": ids + gather + copy, "rebuild_s": rebuild, "gpu_attn_s": attn_gpu,
-                                "rest_s": c.rest, "h2d_bytes": h2d, "d2h_bytes": B * Hkv * n_sel * 8, "rank": r,
-                                "fetched_tokens": n, "outlier_tokens": outl, "local_tokens": local},
-                     label="shadowkv")
+        shape = c.kv_shape()
+        lay = shadowkv_cost(c, c.fraction(self.budget), self.rank, self.chunk_size, self.local_chunks,
+                            self.outlier_ratio, mapping=self.host_tier)
+        return with_memory(lay, self.footprint(shape), shape)

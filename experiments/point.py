@@ -12,27 +12,38 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridgen.errors import HybridGenError
 from hybridgen.results import hardware_part, run_name
+
+
+def placement(cfg: DictConfig) -> Optional[Any]:
+    """The point's :class:`hybridgen.methods.placement.Placement`: memory.gpu_kv resolved ONCE
+    (GPU KV bytes, the method's derived parameters, the store's tier capacities), or None when
+    memory.gpu_kv is unset. A bad budget raises; a method that cannot fit raises too, except
+    for exp.kind=project, whose record carries the refusal ('does not fit')."""
+    gpu_kv = OmegaConf.select(cfg, "memory.gpu_kv", default=None)
+    if gpu_kv is None:
+        return None
+    node = lambda n: json.dumps(OmegaConf.to_container(cfg[n], resolve=True), sort_keys=True, default=str)  # noqa: E731
+    params = OmegaConf.to_container(cfg.method.params, resolve=True) or {}
+    return _placement(cfg.method.name, json.dumps(params, sort_keys=True, default=str), str(gpu_kv),
+                      node("hardware"), node("model"), node("workload"), cfg.exp.kind == "project")
+
+
+@functools.lru_cache(maxsize=64)
+def _placement(name: str, params: str, gpu_kv: str, hardware: str, model: str, workload: str, project: bool):
+    from hybridgen.methods.placement import resolve_placement
+
+    return resolve_placement(name, json.loads(params), gpu_kv, json.loads(hardware), json.loads(model),
+                             json.loads(workload), accept_refusal=project)
 
 
 def method_params(cfg: DictConfig) -> Dict[str, Any]:
     """The point's method parameters: method.params, plus the placement derived from
-    memory.gpu_kv when it is set (explicit params win; hybridgen.methods.placement)."""
-    params = OmegaConf.to_container(cfg.method.params, resolve=True) or {}
-    gpu_kv = OmegaConf.select(cfg, "memory.gpu_kv", default=None)
-    if gpu_kv is None:
-        return params
-    if placement_refusal(cfg) is not None:  # exp.kind=project only: the projection says "does not fit"
-        return params
-    return dict(_placed_cfg(cfg, params))
-
-
-def _placed_cfg(cfg: DictConfig, params: Dict[str, Any]) -> Dict[str, Any]:
-    return _placed(cfg.method.name, json.dumps(params, sort_keys=True, default=str), str(cfg.memory.gpu_kv),
-                   json.dumps(OmegaConf.to_container(cfg.hardware, resolve=True), sort_keys=True, default=str),
-                   json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True, default=str),
-                   json.dumps(OmegaConf.to_container(cfg.workload, resolve=True), sort_keys=True, default=str))
+    memory.gpu_kv when it is set (explicit params win; :func:`placement`)."""
+    p = placement(cfg)
+    if p is None:
+        return OmegaConf.to_container(cfg.method.params, resolve=True) or {}
+    return dict(p.params)
 
 
 def placement_refusal(cfg: DictConfig) -> Optional[str]:
@@ -40,39 +51,19 @@ def placement_refusal(cfg: DictConfig) -> Optional[str]:
     (e.g. full's whole KV on a 32 GB GPU), else None. A projection records it as 'does not fit'
     instead of refusing the whole sweep; a bad budget text still raises, and so does every refusal
     of a run that would execute (kind=generate / accuracy)."""
-    if cfg.exp.kind != "project" or OmegaConf.select(cfg, "memory.gpu_kv", default=None) is None:
-        return None
-    from hybridgen.methods.placement import budget_and_shape
-
-    budget_and_shape(str(cfg.memory.gpu_kv), OmegaConf.to_container(cfg.hardware, resolve=True),
-                     OmegaConf.to_container(cfg.model, resolve=True),
-                     OmegaConf.to_container(cfg.workload, resolve=True))  # a bad budget: raises
-    try:
-        _placed_cfg(cfg, OmegaConf.to_container(cfg.method.params, resolve=True) or {})
-    except HybridGenError as err:
-        return str(err)
-    return None
+    p = placement(cfg)
+    return None if p is None else p.refusal
 
 
-@functools.lru_cache(maxsize=64)
-def _placed(name: str, params: str, gpu_kv: str, hardware: str, model: str, workload: str) -> Dict[str, Any]:
-    from hybridgen.methods.placement import derive_params
+def store_capacities(cfg: DictConfig, engine=None) -> Dict[str, Optional[int]]:
+    """Bytes per tier of the run's store: the placement's (gpu = memory.gpu_kv, so the tier
+    ledger enforces the budget) when memory.gpu_kv is set, else the hardware node's."""
+    p = placement(cfg)
+    if p is not None:
+        return dict(p.capacities)
+    from hybridgen.eval.generation import resolve_capacities
 
-    return derive_params(name, json.loads(params), gpu_kv, json.loads(hardware), json.loads(model), json.loads(workload))
-
-
-def store_hardware(cfg: DictConfig) -> Any:
-    """The hardware node the run's store is built from: with memory.gpu_kv set, the gpu tier's
-    capacity is that budget (so the tier ledger enforces it)."""
-    gpu_kv = OmegaConf.select(cfg, "memory.gpu_kv", default=None)
-    if gpu_kv is None:
-        return cfg.hardware
-    from hybridgen.methods.placement import budget_and_shape
-
-    g, _ = budget_and_shape(str(gpu_kv), OmegaConf.to_container(cfg.hardware, resolve=True),
-                            OmegaConf.to_container(cfg.model, resolve=True),
-                            OmegaConf.to_container(cfg.workload, resolve=True))
-    return {**OmegaConf.to_container(cfg.hardware, resolve=True), "gpu_capacity": g}
+    return resolve_capacities(OmegaConf.to_container(cfg.hardware, resolve=True), engine)
 
 
 def build(cfg: DictConfig):

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.point import build, key_params, name_of, placement_refusal, realized, store_hardware
+from experiments.point import build, key_params, name_of, placement_refusal, realized, store_capacities
 from experiments.session import Outcome, Session
 from hybridgen.errors import HybridGenError
 from hybridgen.result_tables import format_table
@@ -57,12 +57,13 @@ def _median_index(values: List[float]) -> int:
 
 def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str, Any]:
     """Timed generation of one point; returns metrics (writes trace.json into out_dir)."""
-    from hybridgen.eval.generation import (fidelity_metrics, make_store, resolve_capacities, scheduler_trace,
-                                           step_stats, teacher_forced_logits, weight_bytes)
+    from hybridgen.eval.generation import (fidelity_metrics, make_store, scheduler_trace, step_stats,
+                                           teacher_forced_logits, weight_bytes)
     from hybridgen.eval.memory import PeakMemory
     from hybridgen.eval.provenance import cuda_dispatch_counts, kernels_used
 
     engine = session.engine(cfg)
+    caps = store_capacities(cfg, engine)  # memory.gpu_kv's Placement, resolved once per point
     ids, mask = prompts(cfg, engine)
     gen_len = int(cfg.workload.gen_len)
     if cfg.exp.warmup:
@@ -71,13 +72,13 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
         shape = (session._engine_key, tuple(ids.shape))
         warm = ids if shape not in session.warmed else ids[:, : min(ids.shape[1], 32)]
         session.warmed.add(shape)
-        engine.generate(warm, build(cfg), max_new_tokens=min(2, gen_len), store=make_store(store_hardware(cfg), engine))
+        engine.generate(warm, build(cfg), max_new_tokens=min(2, gen_len), store=make_store(cfg.hardware, engine, caps))
     runs, totals = [], []
     trace = None
     cuda_before = cuda_dispatch_counts()
     for r in range(int(cfg.exp.repeats)):
         method = build(cfg)
-        store = make_store(store_hardware(cfg), engine)
+        store = make_store(cfg.hardware, engine, caps)
         with PeakMemory() as pm:
             res = engine.generate(ids, method, max_new_tokens=gen_len, attention_mask=mask, store=store,
                                   return_logits=bool(cfg.exp.fidelity), progress=bool(cfg.progress), keep=True)
@@ -107,7 +108,7 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
         "method_stats": stats,
         "breakdown": {k: v for k, v in stats.items() if k.endswith("_s")},
         "kernels": kernels_used(build(cfg).config(), engine.dtype, cuda_before),
-        "hardware": {**OmegaConf.to_container(cfg.hardware), "capacities": resolve_capacities(cfg.hardware, engine),
+        "hardware": {**OmegaConf.to_container(cfg.hardware), "capacities": caps,
                      "store": res.store_description},
         "model": {**OmegaConf.to_container(cfg.model), "spec": engine.spec.to_dict(), "weight_bytes": weight_bytes(engine)},
         "fidelity": None,
@@ -120,7 +121,7 @@ def run_generation(cfg: DictConfig, session: Session, out_dir: Path) -> Dict[str
             ref = session.reference(cfg, engine, ids, mask)
             same = bool(torch.equal(ref.tokens, res.tokens))
             logits = res.logits if same else teacher_forced_logits(
-                engine, build(cfg), ids, mask, ref.tokens, store=make_store(store_hardware(cfg), engine))
+                engine, build(cfg), ids, mask, ref.tokens, store=make_store(cfg.hardware, engine, caps))
         except HybridGenError as err:  # keep the method's measurement; say why fidelity is missing
             session.log(f"fidelity unavailable: {err}")
             metrics["fidelity"] = {"reference": cfg.exp.reference, "available": False, "reason": str(err)}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from baselines.shadowkv import ShadowKV, chunk_landmarks, low_rank_keys, shadowkv_cost, unrotate
+from baselines.shadowkv import ShadowKV, chunk_landmarks, low_rank_keys, unrotate
+from baselines.shadowkv_cost import shadowkv_cost
 from hybridgen import perf as pm
 from hybridgen.errors import ConfigError
 from hybridgen.methods import Budget, build_method

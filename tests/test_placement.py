@@ -176,7 +176,7 @@ def test_memory_gpu_kv_config_key_drives_method_params():
     assert point.method_params(cfg) == {}  # no budget: each method's own knobs
     cfg.memory.gpu_kv = "50KB"
     assert point.method_params(cfg) == {"offload": "cpu"}
-    assert point.store_hardware(cfg)["gpu_capacity"] == 50_000  # the ledger enforces the budget
+    assert point.store_capacities(cfg)["gpu"] == 50_000  # the ledger enforces the budget
     cfg.memory.gpu_kv = "200KB"
     assert point.method_params(cfg) == {"offload": "none"}
     cfg.method.params = {"offload": "stream"}
@@ -187,3 +187,54 @@ def test_memory_gpu_kv_config_key_drives_method_params():
     with pytest.raises(ConfigError, match="memory.gpu_kv") as err:
         point.method_params(cfg)
     assert "\n" not in str(err.value)
+
+
+def test_memory_gpu_kv_is_resolved_once_per_point(monkeypatch):
+    """One Placement per point: the method's parameters, the refusal check, the store's
+    capacities and the built method all read it; the budget is parsed and placed once."""
+    from omegaconf import OmegaConf
+
+    from experiments import point
+    from experiments.schema import RunConfig
+    from hybridgen.methods import placement
+
+    calls = []
+    real = placement.budget_and_shape
+    monkeypatch.setattr(placement, "budget_and_shape", lambda *a: calls.append(a) or real(*a))
+    point._placement.cache_clear()
+    cfg = OmegaConf.structured(RunConfig)
+    cfg.model.num_layers = 2
+    cfg.workload.prompt_len, cfg.workload.gen_len = 256, 4
+    cfg.method.name, cfg.memory.gpu_kv = "flexgen", "120KB"
+    cfg.hardware.dram_capacity = "1GiB"
+    p = point.placement(cfg)
+    assert point.method_params(cfg) == dict(p.params) and point.placement_refusal(cfg) is None
+    assert point.store_capacities(cfg) == {"gpu": 120_000, "dram": 2**30, "cxl": None} == dict(p.capacities)
+    assert point.build(cfg).config()["gpu_budget"] == p.params["gpu_budget"]
+    assert len(calls) == 1 and p.gpu_kv_bytes == 120_000 and p.shape.context == 260
+    assert build_method("flexgen", **p.params).footprint(p.shape).fits(p.gpu_kv_bytes)
+    cfg.exp.kind = "project"  # a projection records a method that cannot fit instead of refusing
+    cfg.method.name = "full"
+    assert "memory.gpu_kv gives" in point.placement_refusal(cfg) and point.method_params(cfg) == {}
+    cfg.exp.kind = "generate"
+    with pytest.raises(ConfigError, match="memory.gpu_kv gives"):
+        point.method_params(cfg)
+
+
+def test_one_auto_formula_and_one_weight_estimate():
+    """'auto' is one formula (placement.auto_gpu_kv) for memory.gpu_kv and hardware.gpu_capacity;
+    the weights of a named model are one estimate (ModelShape.weights_bytes), the projection's."""
+    from hybridgen.eval.generation import resolve_capacities
+    from hybridgen.methods.placement import auto_gpu_kv, budget_and_shape
+    from hybridgen.perf.context import CostContext
+    from hybridgen.perf.profiles import load_profile
+    from hybridgen.perf.shapes import ModelShape
+
+    hw = {"name": "a100", "gpu_memory": "80GB", "gpu_kv_fraction": 0.9}
+    ms = ModelShape.named("opt-13b", weight_bytes=2)
+    g, _ = budget_and_shape("auto", hw, {"name": "opt-13b", "dtype": "float16"},
+                            {"batch": 1, "prompt_len": 8, "gen_len": 2})
+    assert g == auto_gpu_kv(hw, ms.weights_bytes()) == int(72e9) - ms.weights_bytes()
+    assert CostContext(ms, Workload(batch=1, context=10), load_profile("a100-80gb")).weights_bytes == ms.weights_bytes()
+    with pytest.raises(ConfigError, match="hardware.gpu_capacity=auto needs hardware.gpu_memory"):
+        resolve_capacities({"gpu_capacity": "auto"})

@@ -28,26 +28,24 @@ def weight_bytes(engine) -> int:
 
 
 def resolve_capacities(hw: Mapping[str, Any], engine=None) -> Dict[str, Optional[int]]:
-    """Bytes per tier from a hardware config; 'auto' gpu = gpu_memory x gpu_kv_fraction - weights."""
+    """Bytes per tier from a hardware config; 'auto' gpu = gpu_memory x gpu_kv_fraction - weights
+    (:func:`hybridgen.methods.placement.auto_gpu_kv`, the engine's real weight bytes)."""
+    from hybridgen.methods.placement import auto_gpu_kv, is_auto, store_capacities
+
     gpu = hw.get("gpu_capacity")
-    if isinstance(gpu, str) and gpu.strip().lower() == "auto":
-        mem = parse_bytes(hw.get("gpu_memory"))
-        if mem is None:
-            raise ConfigError("hardware.gpu_capacity=auto needs hardware.gpu_memory (e.g. 80GB)")
-        frac = float(hw.get("gpu_kv_fraction", 0.9))
-        wb = weight_bytes(engine) if engine is not None else 0
-        gpu_bytes = int(mem * frac) - wb
-        if gpu_bytes <= 0:
-            raise ConfigError(f"the model's weights ({wb / 2**30:.1f} GiB) do not fit in {frac:g} of "
-                              f"{hw.get('gpu_memory')}; choose a larger GPU profile or a smaller model")
+    if is_auto(gpu):
+        gpu_bytes = auto_gpu_kv(hw, weight_bytes(engine) if engine is not None else 0, "hardware.gpu_capacity")
     else:
         gpu_bytes = parse_bytes(gpu)
-    return {"gpu": gpu_bytes, "dram": parse_bytes(hw.get("dram_capacity")), "cxl": parse_bytes(hw.get("cxl_capacity"))}
+    return store_capacities(hw, gpu_bytes)
 
 
-def make_store(hw: Mapping[str, Any], engine=None) -> TieredStore:
-    """A fresh TieredStore for one generation from a hardware config."""
-    caps = resolve_capacities(hw, engine)
+def make_store(hw: Mapping[str, Any], engine=None, capacities: Optional[Mapping[str, Optional[int]]] = None
+               ) -> TieredStore:
+    """A fresh TieredStore for one generation from a hardware config (NUMA nodes) and its tier
+    ``capacities`` (default: :func:`resolve_capacities` of the config; a run point under
+    memory.gpu_kv passes its Placement's)."""
+    caps = resolve_capacities(hw, engine) if capacities is None else capacities
     cxl_node = hw.get("cxl_node", "auto")
     return TieredStore(gpu=caps["gpu"], dram=caps["dram"], cxl=caps["cxl"], cxl_node=cxl_node,
                        dram_node=hw.get("dram_node"))

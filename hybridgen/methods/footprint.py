@@ -11,13 +11,14 @@ staging slots, sketches). Everything else derives from that statement:
   tier after a real run equals ``footprint(shape).tier_bytes``.
 
 Shapes: ``token_bytes`` = K+V bytes of one token of one sequence in one layer; ``mask_bytes``
-= one validity byte per KV head and token.
+= one validity byte per KV head and token when the batch is left-padded (``masked``, the
+placement's worst case), else 0 (the projection's unpadded batch).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 from hybridgen.errors import ConfigError
 
@@ -27,7 +28,8 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, 
 @dataclass(frozen=True)
 class KVShape:
     """The workload's KV shape: layers, KV heads, head dim, bytes per element, batch rows,
-    context (prompt + generated tokens per row) and new_tokens (the generated part)."""
+    context (prompt + generated tokens per row), new_tokens (the generated part) and masked
+    (left-padded rows: methods allocate a validity mask next to their KV)."""
 
     layers: int
     kv_heads: int
@@ -36,6 +38,7 @@ class KVShape:
     batch: int
     context: int
     new_tokens: int = 0
+    masked: bool = True
 
     def __post_init__(self):
         for f in ("layers", "kv_heads", "head_dim", "dtype_bytes", "batch", "context"):
@@ -56,8 +59,9 @@ class KVShape:
 
     @property
     def mask_bytes(self) -> int:
-        """Validity-mask bytes of one token of one sequence in one layer (one bool per KV head)."""
-        return self.kv_heads
+        """Validity-mask bytes of one token of one sequence in one layer (one bool per KV head;
+        0 when the batch is not padded)."""
+        return self.kv_heads if self.masked else 0
 
     @property
     def full_bytes(self) -> int:
@@ -94,13 +98,16 @@ class Footprint:
     host_tokens: KV tokens per row per layer on the host tiers (dram / cxl);
     staging_tokens: KV tokens per row of model-wide gpu staging slots (not per layer);
     tier_bytes: exact peak bytes per tier name ('gpu', 'dram', 'cxl') of everything the
-    method allocates through the store: KV, masks, metadata, staging, sketches.
+    method allocates through the store: KV, masks, metadata, staging, sketches;
+    shared_gpu_bytes: the part of tier_bytes['gpu'] that is model-wide (staging slots, fetch
+    buffers, positions), not per layer.
     """
 
     gpu_tokens: float
     host_tokens: float = 0.0
     staging_tokens: float = 0.0
     tier_bytes: Mapping[str, int] = field(default_factory=dict)
+    shared_gpu_bytes: int = 0
 
     @property
     def gpu_bytes(self) -> int:
@@ -112,6 +119,21 @@ class Footprint:
 
     def fits(self, gpu_kv_bytes: int) -> bool:
         return self.gpu_bytes <= gpu_kv_bytes
+
+    def cost_tokens(self, shape: KVShape) -> Tuple[float, float]:
+        """(LayerCost.gpu_tokens, LayerCost.staging_tokens): the gpu bytes in KV tokens of the
+        batch (``shape.batch * shape.token_bytes`` bytes each), per layer and model-wide, so the
+        performance model's GPU memory, (L * gpu_tokens + staging_tokens) * B * kv_tok, is
+        exactly ``gpu_bytes`` (masks, metadata and staging included)."""
+        per = shape.batch * shape.token_bytes
+        return (self.gpu_bytes - self.shared_gpu_bytes) / (shape.layers * per), self.shared_gpu_bytes / per
+
+
+def with_memory(cost: Any, fp: Footprint, shape: KVShape) -> Any:
+    """A ``hybridgen.perf.LayerCost`` whose gpu_tokens / staging_tokens are the footprint's
+    (:meth:`Footprint.cost_tokens`): the cost states no memory of its own."""
+    gpu, staging = fp.cost_tokens(shape)
+    return dataclasses.replace(cost, gpu_tokens=gpu, staging_tokens=staging)
 
 
 def add_bytes(*parts: Mapping[str, int]) -> Dict[str, int]:

@@ -57,16 +57,22 @@ class Full(KVMethod):
                 seg.release()
         self.segments = []
 
-    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """All KV on the GPU: nothing to derive; refused when it does not fit."""
-        from hybridgen.methods.placement import refuse
+    def footprint(self, shape: "KVShape") -> "Footprint":
+        """Every token's KV (and its mask when padded) on the gpu tier, per layer."""
+        from hybridgen.methods.footprint import Footprint
 
-        if shape.full_bytes > gpu_kv_bytes:
-            raise refuse(self.name, shape.full_bytes, gpu_kv_bytes, "the whole KV cache")
-        return {}
+        return Footprint(gpu_tokens=shape.context, tier_bytes={"gpu": shape.kv_bytes(shape.context)})
+
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """All KV on the GPU: nothing to derive; refused when its footprint does not fit."""
+        from hybridgen.methods.footprint import fit_first
+
+        return fit_first(self, gpu_kv_bytes, shape, [{}], "the whole KV cache")
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: dense attention over the whole context on the GPU."""
+        from hybridgen.methods.footprint import with_memory
         from hybridgen.perf.costs import full_cost
 
-        return full_cost(c)
+        shape = c.kv_shape()
+        return with_memory(full_cost(c), self.footprint(shape), shape)

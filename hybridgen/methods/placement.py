@@ -14,37 +14,55 @@ per-token metadata, masks), so a run whose gpu tier capacity is the budget never
 
 Shapes: ``token_bytes`` = K+V bytes of one token of one sequence in one layer (+ one mask byte
 per KV head, ``mask_bytes``).
+
+One run point resolves ``memory.gpu_kv`` ONCE into a :class:`Placement` (:func:`resolve_placement`):
+the GPU bytes of the KV, the workload's shape, the method's parameters and the store's tier
+capacities; the store, the run identity (through the parameters) and the projection read it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Union
 
-from hybridgen.errors import ConfigError
+from hybridgen.errors import ConfigError, HybridGenError
 
 # The shape and the footprint live in footprint.py; re-exported here for existing callers.
 from hybridgen.methods.footprint import DTYPE_BYTES, Footprint, KVShape, fit_first, fit_share, refuse  # noqa: E402,F401
 
 
+def is_auto(value: Any) -> bool:
+    """Whether a size setting is 'auto' (the GPU's memory x fraction minus the weights)."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def auto_gpu_kv(hardware: Optional[Mapping[str, Any]], weights_bytes: int, field: str = "memory.gpu_kv") -> int:
+    """The one 'auto' formula: ``hardware['gpu_memory'] x hardware['gpu_kv_fraction']`` (0.9 by
+    default) minus ``weights_bytes`` (the rest of the fraction is the engine's workspace);
+    refused in one line, naming ``field``, without gpu_memory or when the weights leave nothing."""
+    from hybridgen.kv.tiers import parse_bytes
+
+    hw = dict(hardware or {})
+    mem = parse_bytes(hw.get("gpu_memory"))
+    if mem is None:
+        raise ConfigError(f"{field}=auto needs hardware.gpu_memory (hardware {hw.get('name', '?')!r} "
+                          f"has none); set {field} to a size such as 20GiB")
+    frac = float(hw.get("gpu_kv_fraction", 0.9))
+    out = int(mem * frac) - int(weights_bytes)
+    if out <= 0:
+        raise ConfigError(f"{field}=auto: the weights ({weights_bytes / 2**30:.2f} GiB) leave no KV "
+                          f"space in {mem * frac / 2**30:.2f} GiB of GPU memory")
+    return out
+
+
 def gpu_kv_bytes(gpu_kv: Union[None, int, float, str], hardware: Optional[Mapping[str, Any]] = None,
                  weights_bytes: int = 0) -> int:
     """The GPU bytes available to the KV cache: ``gpu_kv`` as a size ('20GiB', bytes), or
-    'auto': ``hardware['gpu_memory'] x hardware['gpu_kv_fraction']`` minus ``weights_bytes``
-    (the rest of the fraction is the engine's workspace). Refuses 0, negative, malformed sizes
-    and an 'auto' budget the weights leave nothing of, in one line."""
+    'auto' (:func:`auto_gpu_kv`). Refuses 0, negative, malformed sizes and an 'auto' budget the
+    weights leave nothing of, in one line."""
     from hybridgen.kv.tiers import parse_bytes
 
-    if isinstance(gpu_kv, str) and gpu_kv.strip().lower() == "auto":
-        hw = dict(hardware or {})
-        mem = parse_bytes(hw.get("gpu_memory"))
-        if mem is None:
-            raise ConfigError(f"memory.gpu_kv=auto needs hardware.gpu_memory (hardware {hw.get('name', '?')!r} "
-                              f"has none); set memory.gpu_kv to a size such as 20GiB")
-        frac = float(hw.get("gpu_kv_fraction", 0.9))
-        out = int(mem * frac) - int(weights_bytes)
-        if out <= 0:
-            raise ConfigError(f"memory.gpu_kv=auto: the weights ({weights_bytes / 2**30:.2f} GiB) leave no KV "
-                              f"space in {mem * frac / 2**30:.2f} GiB of GPU memory")
-        return out
+    if is_auto(gpu_kv):
+        return auto_gpu_kv(hardware, weights_bytes)
     if gpu_kv is None or isinstance(gpu_kv, bool):
         raise ConfigError(f"memory.gpu_kv expects a size such as '20GiB' or 'auto', got {gpu_kv!r}")
     try:
@@ -91,21 +109,62 @@ def place(method: Any, gpu_kv: int, shape: KVShape, explicit: Optional[Mapping[s
     return {**derived, **explicit}
 
 
-def derive_params(method: str, explicit: Mapping[str, Any], gpu_kv: Union[int, str], hardware: Mapping[str, Any],
-                  model: Mapping[str, Any], workload: Mapping[str, Any]) -> Dict[str, Any]:
-    """An experiment point's method parameters under ``memory.gpu_kv`` (before any model loads).
+def store_capacities(hardware: Mapping[str, Any], gpu: Optional[int]) -> Dict[str, Optional[int]]:
+    """Bytes per store tier: ``gpu`` as given, dram / cxl from hardware.dram_capacity /
+    cxl_capacity (None = unlimited)."""
+    from hybridgen.kv.tiers import parse_bytes
+
+    return {"gpu": gpu, "dram": parse_bytes(hardware.get("dram_capacity")),
+            "cxl": parse_bytes(hardware.get("cxl_capacity"))}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``memory.gpu_kv`` resolved once for one run point (:func:`resolve_placement`).
+
+    gpu_kv_bytes: the GPU bytes of the KV cache; shape: the workload's KVShape; params: the
+    method's parameters (its derived placement, the explicit ones on top); capacities: the
+    store's bytes per tier (gpu = gpu_kv_bytes, so the tier ledger enforces the budget);
+    refusal: the one line of a method that cannot fit (only where the caller accepts it:
+    a projection records 'does not fit'), with params then the explicit ones.
+    """
+
+    gpu_kv_bytes: int
+    shape: KVShape
+    params: Mapping[str, Any]
+    capacities: Mapping[str, Optional[int]]
+    refusal: Optional[str] = None
+
+
+def resolve_placement(method: str, explicit: Mapping[str, Any], gpu_kv: Union[int, str], hardware: Mapping[str, Any],
+                      model: Mapping[str, Any], workload: Mapping[str, Any], accept_refusal: bool = False) -> Placement:
+    """The :class:`Placement` of a run config's nodes (before any model loads).
 
     hardware / model / workload: the run config's nodes (model: name, dtype, num_layers;
     workload: batch, prompt_len, gen_len). 'auto' subtracts the model's weights (from its
-    shipped config) from gpu_memory x gpu_kv_fraction. Explicit ``method.params`` win.
+    shipped config) from gpu_memory x gpu_kv_fraction. Explicit ``method.params`` win. A bad
+    budget always raises; a method that cannot fit raises unless ``accept_refusal``.
     """
     g, shape = budget_and_shape(gpu_kv, hardware, model, workload)
-    return place(method, g, shape, explicit)
+    caps = store_capacities(hardware, g)
+    try:
+        params = place(method, g, shape, explicit)
+    except HybridGenError as err:
+        if not accept_refusal:
+            raise
+        return Placement(g, shape, dict(explicit), caps, refusal=str(err))
+    return Placement(g, shape, params, caps)
+
+
+def derive_params(method: str, explicit: Mapping[str, Any], gpu_kv: Union[int, str], hardware: Mapping[str, Any],
+                  model: Mapping[str, Any], workload: Mapping[str, Any]) -> Dict[str, Any]:
+    """An experiment point's method parameters under ``memory.gpu_kv`` (:func:`resolve_placement`)."""
+    return dict(resolve_placement(method, explicit, gpu_kv, hardware, model, workload).params)
 
 
 def budget_and_shape(gpu_kv: Union[int, str], hardware: Mapping[str, Any], model: Mapping[str, Any],
                      workload: Mapping[str, Any]):
-    """(GPU KV bytes, KVShape) of a run config's nodes (see :func:`derive_params`)."""
+    """(GPU KV bytes, KVShape) of a run config's nodes (see :func:`resolve_placement`)."""
     from hybridgen.perf.shapes import ModelShape
 
     dtype = str(model.get("dtype", "float32"))
@@ -114,8 +173,7 @@ def budget_and_shape(gpu_kv: Union[int, str], hardware: Mapping[str, Any], model
         raise ConfigError(f"unknown model dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")
     ms = ModelShape.named(str(model.get("name")), weight_bytes=b)
     layers = int(model.get("num_layers") or ms.num_layers)
-    weights = layers * ms.layer_params * b + 2 * ms.vocab_size * ms.hidden_size * b
-    g = gpu_kv_bytes(gpu_kv, hardware, weights)
+    g = gpu_kv_bytes(gpu_kv, hardware, ms.weights_bytes(layers))
     shape = KVShape(layers, ms.num_kv_heads, ms.head_dim, b, int(workload.get("batch", 1)),
                     int(workload.get("prompt_len")) + int(workload.get("gen_len")), int(workload.get("gen_len")))
     return g, shape

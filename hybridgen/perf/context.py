@@ -95,14 +95,15 @@ class CostContext:
                         2 * self.B * shape.layer_params / (g.matmul_tflops * 1e12)) + REST_KERNELS * self.launch
         head_params = shape.vocab_size * shape.hidden_size
         self.head = max(head_params * wb / (g.hbm_gbps * 1e9), 2 * self.B * head_params / (g.matmul_tflops * 1e12))
-        self.weights_bytes = shape.num_layers * layer_bytes + head_params * wb * 2
+        self.weights_bytes = shape.weights_bytes()
 
     def kv_shape(self):
         """This prediction's workload as a :class:`hybridgen.methods.footprint.KVShape`, the
-        shape a method's ``footprint`` takes (the cost's gpu_tokens derive from it)."""
+        shape a method's ``footprint`` takes (the cost's gpu_tokens derive from it): the S
+        context tokens, an unpadded batch (no validity masks)."""
         from hybridgen.methods.footprint import KVShape
 
-        return KVShape(self.shape.num_layers, self.Hkv, self.D, self.b, self.B, self.S)
+        return KVShape(self.shape.num_layers, self.Hkv, self.D, self.b, self.B, self.S, masked=False)
 
     # -- a method's budgets ------------------------------------------------------------
     def fraction(self, budget: Any) -> float:

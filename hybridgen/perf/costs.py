@@ -1,22 +1,24 @@
-"""Per-layer cost functions of the built-in methods (PROJECTED; symbols in :mod:`hybridgen.perf.context`).
+"""Per-layer cost primitives (PROJECTED; symbols in :mod:`hybridgen.perf.context`).
 
-Each method's ``layer_cost(c)`` calls one of these with its own parameters; a new method
-writes its own ``layer_cost`` (reusing these or the context's primitives) next to its code.
-S_g, S_h = c.split(gpu_budget); r = a budget's fraction of the context (c.fraction).
+Each method's ``layer_cost(c)`` calls one of these with its own parameters (a float share of
+the context, never a Budget) or writes its own next to its code (FlexGen, InfiniGen, ShadowKV,
+MagicPIG, UVM price themselves in their own modules); the GPU memory a cost reports comes from
+the method's footprint (:func:`hybridgen.methods.footprint.with_memory`).
+S_g, S_h = c.split(gpu_share); r = a budget's fraction of the context (c.fraction).
 
   full            attn = gpu_attn(S, fused) + fixed(g=FULL_KERNELS);    layer = rest + attn
-  flexgen stream  xfer = copy(B*S_h*kv_tok) (two copies, K and V); gpu = one unfused partial per
-                  part (PARTIAL_KERNELS each) + the LSE merge (MERGE_KERNELS) when both parts exist
+  stream (PCIe)   xfer = copy(B*S_h*wire) (two copies, K and V; wire = kv_tok, or a compressed
+                  cache's bytes per token); gpu = one unfused partial per part (PARTIAL_KERNELS
+                  each) + the LSE merge (MERGE_KERNELS) when both parts exist + the method's
+                  own GPU work (e.g. a dequantisation pass)
                   attn = xfer + gpu;  layer = max(xfer, rest + gpu)   (next layer's KV prefetched)
-  flexgen int4    as stream with (0.5 + 4/group) bytes per element over PCIe plus a GPU
-                  dequantisation pass (read codes, write b-byte KV)
   cpu attention   cpu = B*S_h*kv_tok / cpu_attention rate (pinned or pageable host KV)
                         + SPLIT_HOST_OPS * op_us + q down, out+lse up
   split           gpu = gpu_attn(S_g) + (PARTIAL_KERNELS-1) launches
                   attn = overlap(cpu, gpu) + merge (MERGE_KERNELS launches, after the wait)
                   (``serial``: cpu + gpu, the CPU starting once the GPU part is done, as a
                   blocking q.to('cpu') behind the GPU partial does);  layer = rest + attn
-                  (hybrid-exact, flexgen attention_on=cpu)
+                  (hybrid-exact, the host part attended on the CPU)
   hybridgen       k = ceil(topk_ratio*S_h), Hsel = Hq (per_head) or Hkv
                   cpu = scan(B*S_h*key_tok / key_scan rate, pinned or pageable keys)
                         + group score(B*Hq*S_h*4 / group_score_gbps; shared selection only)
@@ -31,9 +33,6 @@ S_g, S_h = c.split(gpu_budget); r = a budget's fraction of the context (c.fracti
                   the wait: exact = gather of the k key rows + 1 host op):
                     layer = max(cpu + exact, rest + gpu_pre + exact + after)
                   otherwise: layer = rest + attn
-  infinigen       all KV on the host (S_h = S); spec = B*S*Hkv*(partial_ratio*D)*b / attention_gbps
-                  fetch = gather(B*r*S_h*kv_tok) + copy(same); n = r*S_h
-                  attn = spec + fetch + gpu_attn(n); layer = max(fetch, rest + spec + gpu_attn(n))
   gpu resident    attn = gpu_attn(kept) + the method's own pass (an evicting method's own cost,
                   beside it, e.g. baselines/kept_costs.py)
   offloaded kept KV (offload='stream', "H2O on FlexGen"): n = tokens streamed (the kept set,
@@ -42,11 +41,6 @@ S_g, S_h = c.split(gpu_budget); r = a budget's fraction of the context (c.fracti
                   (next layer prefetched);  (offload='cpu'): the step on the host, after the
                   GPU's projections: cpu = B*n_read*kv_tok / cpu_attention rate + the method's
                   own host passes + SPLIT_HOST_OPS*op_us + q,k,v down, out up; layer = rest + cpu
-  uvm (projected only: oversubscribed managed memory can hang a shared GPU, so it is not run)
-                  the KV that does not fit the GPU (S_h of the kept tokens, UVM+H2O: r*S kept)
-                  migrates by page faults each step: B*S_h*kv_tok at UVM_MIGRATION_SHARE of the
-                  pinned link rate + one fault-batch latency per UVM_FAULT_BATCH_BYTES; the
-                  kernel stalls on its faults (no overlap): layer = rest + gpu_attn(kept) + migrate
 
 Host placement: the host-KV methods other than ``hybridgen`` default to DRAM ('dram');
 ``hybridgen`` to 'semantic' (keys on DRAM, values on CXL when the profile has a CXL node);
@@ -75,16 +69,9 @@ HYBRIDGEN_GPU_KERNELS = 20
 # (the sync's front check, the exact tail's scan and its copy, the statistics' concatenation,
 # the re-rank's buffers, the candidates' gather) and the rest views or no-op conversions
 SKETCH_HOST_OPS = 10
-# UVM demand paging (model assumptions, not measured here: UVM is never run, see uvm_cost):
-# fault-driven migration reaches a fraction of the pinned copy rate, and each batch of faults
-# (about 2 MiB of pages) pays a fault-handling latency on top
-UVM_MIGRATION_SHARE = 0.5
-UVM_FAULT_BATCH_BYTES = 2 << 20
-UVM_FAULT_US = 30.0
 
-__all__ = ["CostContext", "LayerCost", "full_cost", "flexgen_stream_cost", "cpu_attention_split_cost",
-           "hybridgen_cost", "infinigen_cost", "gpu_resident_cost",
-           "offloaded_kept_cost", "uvm_cost"]
+__all__ = ["CostContext", "LayerCost", "full_cost", "stream_cost", "cpu_attention_split_cost",
+           "hybridgen_cost", "gpu_resident_cost", "offloaded_kept_cost"]
 
 
 def full_cost(c: CostContext) -> LayerCost:
@@ -95,38 +82,34 @@ def full_cost(c: CostContext) -> LayerCost:
                      breakdown={"gpu_attn_s": attn, "rest_s": c.rest, "fixed_s": fixed}, label="full")
 
 
-def flexgen_stream_cost(c: CostContext, gpu_budget: Any, int4_group: Optional[int] = None,
-                        mapping: Placement = "dram") -> LayerCost:
-    """The host part of the KV copied to the GPU one layer ahead (4-bit codes when int4_group
-    is set: group size in elements), dense GPU attention over the whole context (one unfused
-    partial per part, merged)."""
-    S_g, S_h = c.split(gpu_budget)
+def stream_cost(c: CostContext, gpu_share: float, wire_bytes: Optional[float] = None, gpu_extra: float = 0.0,
+                mapping: Placement = "dram", label: str = "stream") -> LayerCost:
+    """The host part of the KV (S_h of c.split(gpu_share)) copied over PCIe to the GPU one layer
+    ahead, ``wire_bytes`` per host token and sequence (default kv_tok; a compressed cache sends
+    fewer), then dense GPU attention over both parts (one unfused partial per part, merged) and
+    ``gpu_extra`` seconds of the method's own GPU work (e.g. a dequantisation pass)."""
+    S_g, S_h = c.split(gpu_share)
     key_tier, _ = c.tiers(mapping)
-    if int4_group is not None:
-        per_elem = 0.5 + 4.0 / int4_group  # 4-bit code + fp16 (min, scale) per group
-        nbytes = c.B * S_h * 2 * c.Hkv * c.D * per_elem
-        dequant = (nbytes + c.B * S_h * c.kv_tok) / (c.hw.gpu.hbm_gbps * 1e9) + c.launch
-    else:
-        nbytes = c.B * S_h * c.kv_tok
-        dequant = 0.0
+    nbytes = c.B * S_h * (c.kv_tok if wire_bytes is None else wire_bytes)
     xfer = c.copy(nbytes / 2, c.tier_read(key_tier)) * 2 if nbytes else 0.0  # K and V, one copy each
     parts = int(S_g > 0) + int(S_h > 0)
     fixed = c.fixed(gpu_kernels=parts * (PARTIAL_KERNELS - 1) + (MERGE_KERNELS if parts == 2 else 0))
-    gpu = c.gpu_attn(S_g) + c.gpu_attn(S_h) - (2 - parts) * c.launch + dequant + fixed
+    gpu = c.gpu_attn(S_g) + c.gpu_attn(S_h) - (2 - parts) * c.launch + gpu_extra + fixed
     return LayerCost(attn=xfer + gpu, layer=max(xfer, c.rest + gpu), gpu=c.rest + gpu, transfer=xfer,
                      gpu_tokens=S_g, staging_tokens=2 * S_h,  # double-buffered staging of one layer
-                     breakdown={"h2d_bytes": nbytes, "transfer_s": xfer, "gpu_attn_s": gpu, "dequant_s": dequant,
-                                "rest_s": c.rest, "fixed_s": fixed},
-                     label="flexgen-int4" if int4_group is not None else "flexgen-stream")
+                     breakdown={"h2d_bytes": nbytes, "transfer_s": xfer, "gpu_attn_s": gpu, "rest_s": c.rest,
+                                "fixed_s": fixed},
+                     label=label)
 
 
-def cpu_attention_split_cost(c: CostContext, gpu_budget: Any, merge: bool = True,
+def cpu_attention_split_cost(c: CostContext, gpu_share: float, merge: bool = True,
                              mapping: Placement = "dram", pinned: Optional[bool] = None,
                              serial: bool = False) -> LayerCost:
-    """Exact attention split: the CPU attends over the host KV, the GPU over its part,
-    concurrently (``serial``: the CPU starts when the GPU part is done); ``merge`` adds the
-    LSE merge after the wait; ``pinned``: host KV page-locked (None: whenever a real GPU)."""
-    S_g, S_h = c.split(gpu_budget)
+    """Exact attention split: the CPU attends over the host KV (S_h of c.split(gpu_share)), the
+    GPU over its part, concurrently (``serial``: the CPU starts when the GPU part is done);
+    ``merge`` adds the LSE merge after the wait; ``pinned``: host KV page-locked (None: whenever
+    a real GPU)."""
+    S_g, S_h = c.split(gpu_share)
     key_tier, value_tier = c.tiers(mapping)
     rate = c.cpu_attention_rate(pinned)
     half = c.B * S_h * c.key_tok
@@ -224,26 +207,6 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                      label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
 
 
-def infinigen_cost(c: CostContext, budget_ratio: float, partial_ratio: float,
-                   mapping: Placement = "dram") -> LayerCost:
-    """InfiniGen: all KV on the host, partial keys on the GPU; speculation picks budget_ratio
-    of the context, gathered on the host and copied one layer ahead."""
-    S_g, S_h = 0, c.S  # the host keeps all KV
-    key_tier, value_tier = c.tiers(mapping)
-    fetched = budget_ratio * S_h
-    spec = c.B * c.S * c.Hkv * (partial_ratio * c.D) * c.b / (c.hw.gpu.attention_gbps * 1e9) + c.launch
-    nbytes = c.B * fetched * c.kv_tok
-    gather = c.gather_time(c.B * c.Hkv * fetched, 2 * c.D * c.b, value_tier)
-    xfer = c.copy(nbytes)
-    fetch = gather + xfer
-    gpu = spec + c.gpu_attn(S_g + fetched)
-    return LayerCost(attn=fetch + gpu, layer=max(fetch, c.rest + gpu), cpu=gather, gpu=c.rest + gpu, transfer=xfer,
-                     gpu_tokens=S_g + partial_ratio * c.S / 2, staging_tokens=2 * fetched,
-                     breakdown={"speculation_s": spec, "gather_s": gather, "transfer_s": xfer,
-                                "gpu_attn_s": gpu - spec, "rest_s": c.rest, "h2d_bytes": nbytes},
-                     label="infinigen")
-
-
 def gpu_resident_cost(c: CostContext, kept_tokens: float, extra: float = 0.0, resident: Optional[float] = None,
                       label: str = "gpu-resident") -> LayerCost:
     """A GPU-only method attending over kept_tokens (+ ``extra`` seconds of its own work);
@@ -283,29 +246,6 @@ def offloaded_kept_cost(c: CostContext, resident: LayerCost, streamed_tokens: fl
           "h2d_bytes": c.B * c.Hq * c.D * c.b, "host_kv_bytes": 2 * half}
     return LayerCost(attn=cpu, layer=c.rest + cpu, cpu=cpu, gpu=c.rest, transfer=xfer, gpu_tokens=0.0,
                      breakdown=bd, label=label)
-
-
-def uvm_cost(c: CostContext, kept_ratio: float = 1.0, gpu_kv_bytes: Optional[float] = None) -> LayerCost:
-    """UVM (managed memory, oversubscribed) over the kept ``kept_ratio`` of the context
-    (1.0: plain UVM; an H2O budget: UVM + H2O). gpu_kv_bytes: GPU memory left for KV (None:
-    profile GPU memory minus the weights); the kept KV beyond it migrates by page faults every
-    step (module docstring). PROJECTED only: never run (oversubscription can hang a shared GPU)."""
-    L = c.shape.num_layers
-    kept = kept_ratio * c.S
-    total = L * c.B * kept * c.kv_tok
-    room = (c.hw.gpu.memory_gb * 1e9 - c.weights_bytes) if gpu_kv_bytes is None else float(gpu_kv_bytes)
-    spill = max(0.0, total - max(0.0, room)) / L  # bytes per layer that do not stay resident
-    rate = UVM_MIGRATION_SHARE * c.hw.link.h2d_pinned_gbps * 1e9
-    migrate = spill / rate + math.ceil(spill / UVM_FAULT_BATCH_BYTES) * UVM_FAULT_US * 1e-6 if spill else 0.0
-    gpu = c.gpu_attn(kept)
-    if kept_ratio < 1.0:  # H2O's score update
-        gpu += c.B * c.Hq * kept * 4 * 2 / (c.hw.gpu.hbm_gbps * 1e9) + c.launch
-    attn = gpu + migrate
-    resident = kept - spill / max(c.B * c.kv_tok, 1)
-    return LayerCost(attn=attn, layer=c.rest + attn, gpu=c.rest + gpu, transfer=migrate, gpu_tokens=resident,
-                     breakdown={"migrated_bytes": spill, "migrate_s": migrate, "gpu_attn_s": gpu, "rest_s": c.rest,
-                                "kept_tokens": kept},
-                     label="uvm" if kept_ratio >= 1.0 else "uvm-h2o")
 
 
 def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, ship: str = "logits",

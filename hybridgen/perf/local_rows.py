@@ -14,7 +14,8 @@
    profile's gpu / link sections are measured on the GPU instead (``measure_gpu``).
 2. Real per-layer decode runs (:func:`hybridgen.testing.MethodDriver`, seeded random
    q/k/v, no history) of ``full``, ``hybrid-exact``, ``hybridgen`` (top-k 5%, not
-   pipelined; also with ``key_sketch='int4'``), FlexGen streaming and FlexGen CPU attention,
+   pipelined; also with ``key_sketch='int4'``) and of every registered method that declares
+   ``validation_rows`` (FlexGen: streaming and CPU attention; :func:`validation_methods`),
    90% of the KV on the host, at
    two shapes, each run right after a profile measurement; measured = the median step time /
    layers (the first, warm-up step with any kernel compilation excluded), predicted =
@@ -40,15 +41,14 @@ from hybridgen.perf.shapes import ModelShape, Workload
 SOURCE = "this-machine"
 GPU_BUDGET = 0.1
 TOPK = 0.05
-# (label, registered method, parameters): 90% of the KV on the host for every split method
-METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
+# (label, registered method, parameters) of the library's methods: 90% of the KV on the host for
+# every split method; a registered method adds its own rows (:func:`validation_methods`)
+LIBRARY_METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("full", "full", {}),
     ("hybrid-exact", "hybrid-exact", {"gpu_budget": GPU_BUDGET}),
     ("hybridgen", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False}),
     ("hybridgen-sketch-int4", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False,
                                             "key_sketch": "int4"}),
-    ("flexgen-stream", "flexgen", {"gpu_budget": GPU_BUDGET}),
-    ("flexgen-cpu", "flexgen", {"gpu_budget": GPU_BUDGET, "attention_on": "cpu"}),
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -150,6 +150,22 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def validation_methods() -> List[Tuple[str, str, Dict[str, Any]]]:
+    """(label, registered method, parameters) of every row: the library's (:data:`LIBRARY_METHODS`),
+    then, in registry order, each registered method whose class declares ``validation_rows``
+    (a tuple of (label, parameters)), its parameters on top of ``gpu_budget=GPU_BUDGET``."""
+    from hybridgen.methods.registry import available_methods, method_class
+
+    out = list(LIBRARY_METHODS)
+    library = {name for _, name, _ in LIBRARY_METHODS}
+    for name in available_methods():
+        if name in library:
+            continue
+        for label, params in getattr(method_class(name), "validation_rows", ()):
+            out.append((label, name, {"gpu_budget": GPU_BUDGET, **params}))
+    return out
+
+
 def measure_layer(name: str, params: Dict[str, Any], shape: LocalShape, steps: int, dtype: torch.dtype,
                   device: str, layers: int = 2, seed: int = 0) -> Tuple[float, List[float]]:
     """(median seconds per layer of one decode step, every timed step's per-layer seconds)."""
@@ -192,7 +208,8 @@ def _model(shape: LocalShape, dtype: str) -> ModelShape:
 
 def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: int = 5, dtype: str = "fp32",
                reps: int = 3) -> Tuple[List[Row], List[Dict[str, Any]]]:
-    """(rows, the measured profile dict of each shape): every method of METHODS at every shape.
+    """(rows, the measured profile dict of each shape): every method of :func:`validation_methods`
+    at every shape.
 
     Per shape, ``rounds`` times, for each method in turn: measure the profile at that shape,
     predict the method's layer with it, then run the method ``steps`` timed steps (after a
@@ -204,15 +221,16 @@ def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: in
     from hybridgen.methods import build_method
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    methods = validation_methods()
     rows, profiles = [], []
     for shape in shapes:
         model = _model(shape, dtype)
         # the context at the middle timed step (prompt + generated tokens)
         work = Workload(batch=shape.batch, context=shape.tokens + 1 + steps // 2, dtype=dtype)
         raws: List[Dict[str, Any]] = []
-        pairs: Dict[str, List[Tuple[float, float]]] = {label: [] for label, _, _ in METHODS}
+        pairs: Dict[str, List[Tuple[float, float]]] = {label: [] for label, _, _ in methods}
         for _ in range(rounds):
-            for label, name, params in METHODS:  # interleaved: the load of the moment hits both alike
+            for label, name, params in methods:  # interleaved: the load of the moment hits both alike
                 raw = measure_profile(shape, dtype=dtype, reps=reps)
                 raws.append(raw)
                 hw = profile_from_dict(raw, where="measured profile of this machine")
@@ -223,7 +241,7 @@ def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: in
         rep["host_info"]["rounds"] = rounds
         profiles.append(rep)
         hw_rep: HardwareProfile = profile_from_dict(rep, where="measured profile of this machine")
-        for label, name, params in METHODS:
+        for label, name, params in methods:
             preds = [p for p, _ in pairs[label]]
             meas = [m for _, m in pairs[label]]
             breakdown = predict_step(build_method(name, **params), model, work, hw_rep).breakdown

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from hybridgen.perf.context import CostContext
-from hybridgen.perf.costs import (PARTIAL_KERNELS, cpu_attention_split_cost, flexgen_stream_cost, full_cost,
-                                  hybridgen_cost)
+from hybridgen.perf.costs import PARTIAL_KERNELS, cpu_attention_split_cost, full_cost, hybridgen_cost, stream_cost
 from hybridgen.perf.profiles import HardwareProfile, load_profile
 from hybridgen.perf.shapes import ModelShape, Workload
 
@@ -115,9 +114,9 @@ def _gpu_probe_rows(g: Dict[str, Any], hw: HardwareProfile) -> List[Row]:
                         note="split with no GPU part, pageable fp32 KV"))
         rows.append(Row(f"MHA L={L} GPU SDPA", SOURCE, full_cost(c).attn, ms("gpu_sdpa_ms"),
                         fitted="gpu.attention_gbps (midpoint)", note="full, fused"))
-        rows.append(Row(f"MHA L={L} GPU matmul-softmax", SOURCE, flexgen_stream_cost(c, 1.0).attn, ms("gpu_ms"),
+        rows.append(Row(f"MHA L={L} GPU matmul-softmax", SOURCE, stream_cost(c, 1.0).attn, ms("gpu_ms"),
                         note=f"one unfused partial ({PARTIAL_KERNELS} kernels)"))
-        rows.append(Row(f"MHA L={L} stream (fetch)", SOURCE, flexgen_stream_cost(c, 0.0).attn, ms("fetch_ms"),
+        rows.append(Row(f"MHA L={L} stream (fetch)", SOURCE, stream_cost(c, 0.0).attn, ms("fetch_ms"),
                         note="FlexGen stream, all KV on the host, pinned copy"))
         for f in (0.5, 0.8, 0.9, 0.95, 0.98):
             key = f"hybrid_{f}_ms"
@@ -137,7 +136,7 @@ def _alp_rows(alp: List[Dict[str, Any]], hw: HardwareProfile) -> List[Row]:
         c = _ctx(GQA, L, hw)
         gpu_budget = 1.0 - HOST_SHARE
         ms = lambda key: float(r[key]) * 1e-3  # noqa: E731
-        rows.append(Row(f"GQA L={L} 90% host: FlexGen stream", SOURCE, flexgen_stream_cost(c, gpu_budget).attn,
+        rows.append(Row(f"GQA L={L} 90% host: FlexGen stream", SOURCE, stream_cost(c, gpu_budget).attn,
                         ms("stream_ms"), fitted="gpu.gqa_attention_gbps",
                         note="pinned copy of the host K,V + unfused GQA partials + merge"))
         rows.append(Row(f"GQA L={L} 90% host: CPU attention split", SOURCE,

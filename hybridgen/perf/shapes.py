@@ -46,6 +46,12 @@ class ModelShape:
         attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
         return attn + self.mlp_matrices * h * self.intermediate_size
 
+    def weights_bytes(self, num_layers: Optional[int] = None) -> int:
+        """Bytes of the weights (the one estimate): ``num_layers`` (default all) layers of
+        projections and MLP, plus the embedding and the LM head (vocab x hidden each)."""
+        L = self.num_layers if num_layers is None else int(num_layers)
+        return L * self.layer_params * self.weight_bytes + 2 * self.vocab_size * self.hidden_size * self.weight_bytes
+
     @classmethod
     def from_spec(cls, spec: Any, name: str = "", weight_bytes: int = 2) -> "ModelShape":
         """From an engine ModelSpec (or anything with its attribute names, or such a dict)."""
