@@ -15,6 +15,7 @@ One job per module:
   primitives) and :class:`LayerCost` (what a cost returns);
 - :mod:`~hybridgen.perf.costs`: the built-in methods' cost functions with explicit arguments;
   each method's ``layer_cost(c)`` calls one with its own parameters (None = not modelled);
+  HybridGen's own cost lives beside it (:mod:`hybridgen.hybrid.cost`);
 - :mod:`~hybridgen.perf.predict`: :func:`predict_step` scales a layer to the model;
 - :mod:`~hybridgen.perf.compare`: projected vs measured error tables (:func:`compare_to_measured`);
 - :mod:`~hybridgen.perf.validate`: the model checked against measurements,
@@ -26,7 +27,7 @@ One job per module:
 """
 from hybridgen.perf.context import CostContext, LayerCost
 from hybridgen.perf.costs import (cpu_attention_split_cost, flexgen_stream_cost, full_cost, gpu_resident_cost,
-                                  h2o_cost, hybridgen_cost, infinigen_cost, offloaded_kept_cost, quest_cost,
+                                  h2o_cost, infinigen_cost, offloaded_kept_cost, quest_cost,
                                   snapkv_cost, streamingllm_cost, uvm_cost)
 from hybridgen.perf.predict import NotModelled, StepPrediction, fastest_setting, predict_step
 from hybridgen.perf.profiles import (PROFILE_DIR, CXLSpec, GPUSpec, HardwareProfile, HostSpec, LinkSpec, NodeSpec,
@@ -36,7 +37,7 @@ from hybridgen.perf.compare import ErrorRow, ErrorTable, compare_to_measured
 
 __all__ = ["fastest_setting", 
     "CostContext", "LayerCost", "cpu_attention_split_cost", "flexgen_stream_cost", "full_cost", "gpu_resident_cost",
-    "h2o_cost", "hybridgen_cost", "infinigen_cost", "quest_cost", "snapkv_cost", "streamingllm_cost",
+    "h2o_cost", "infinigen_cost", "quest_cost", "snapkv_cost", "streamingllm_cost",
     "offloaded_kept_cost", "uvm_cost",
     "NotModelled", "StepPrediction", "predict_step", "PROFILE_DIR", "CXLSpec", "GPUSpec", "HardwareProfile",
     "HostSpec", "LinkSpec", "NodeSpec", "available_profiles", "load_profile", "profile_from_dict", "DTYPE_BYTES",

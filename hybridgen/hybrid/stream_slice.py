@@ -1,7 +1,7 @@
 """HybridGen's three-way split: the oldest host tokens of a layer streamed to the GPU, a layer ahead.
 
 In three-way mode the host tokens [0, n) of a layer (its oldest, n chosen by the scheduler,
-:mod:`hybridgen.scheduler`) are copied to the GPU and attended densely there with exact
+:mod:`hybridgen.hybrid.scheduler`) are copied to the GPU and attended densely there with exact
 logits, while the CPU scans only the rest. The copy of layer l + 1 starts at
 ``on_layer_input(l)`` (:meth:`StreamSlices.start`), so it runs on the copy stream under layer
 l's compute; ``decode(l + 1)`` only waits for it (:meth:`StreamSlices.get`).

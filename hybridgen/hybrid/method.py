@@ -2,15 +2,15 @@
 feedback scheduler and semantic-aware KV mapping.
 
 Per layer the KV is split by token: the gpu tier holds ``sinks`` + a recent window
-(``gpu_budget`` tokens, a ring: :mod:`hybridgen.ring_window`), the host every older token.
+(``gpu_budget`` tokens, a ring: :mod:`hybridgen.hybrid.window`), the host every older token.
 At each decode step and layer the CPU scans the host keys with the (stand-in) query, takes
 the top-k and ships logits + V rows (``ship='logits'``) or its own [out, lse]
-(``ship='partial'``, :mod:`hybridgen.host_ship`); the GPU computes its window's logits and
+(``ship='partial'``, :mod:`hybridgen.hybrid.ship`); the GPU computes its window's logits and
 runs ONE softmax over both (:func:`hybridgen.attention.softmax_over_parts`). The CPU branch
-(:mod:`hybridgen.host_branch`) runs a layer ahead with a stand-in query
-(:mod:`hybridgen.speculation`), the feedback scheduler (:mod:`hybridgen.scheduler`) moves
-the top-k ratio from measured branch times (:mod:`hybridgen.branch_timing`), and
-``three_way`` also streams the oldest host slice over PCIe (:mod:`hybridgen.stream_slice`).
+(:mod:`hybridgen.hybrid.host_branch`) runs a layer ahead with a stand-in query
+(:mod:`hybridgen.hybrid.speculation`), the feedback scheduler (:mod:`hybridgen.hybrid.scheduler`) moves
+the top-k ratio from measured branch times (:mod:`hybridgen.hybrid.timing`), and
+``three_way`` also streams the oldest host slice over PCIe (:mod:`hybridgen.hybrid.stream_slice`).
 
 Shapes: prefill q [B, Hq, T, D], k/v [B, Hkv, T, D]; decode q [B, Hq, 1, D] -> out
 [B, Hq, 1, D]. The full design, every choice where the paper is silent and the measurements
@@ -32,19 +32,19 @@ from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.attention.cpu_scan import resolve_backend, rows_logits, scan_is_exact
 from hybridgen.attention.key_sketch import KeySketch
 from hybridgen.attention.partial import _mask_logits
-from hybridgen.branch_timing import BranchTimer
-from hybridgen.host_branch import HostSelection, host_branch, masked_heads, topk_count
-from hybridgen.host_ship import ShipPacker
+from hybridgen.hybrid.timing import BranchTimer
+from hybridgen.hybrid.host_branch import HostSelection, host_branch, masked_heads, topk_count
+from hybridgen.hybrid.ship import ShipPacker
 from hybridgen.kv import KVSegment
 from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.mapping import parse_mapping
 from hybridgen.kv.transfer import DeviceToHost, HostToDevice, wait_host
 from hybridgen.methods import Budget, Fraction, KVMethod, MethodContext, NonNegInt, PositiveInt, Range
 from hybridgen.methods.placement import KVShape, as_budget, gpu_share
-from hybridgen.ring_window import RingWindow
-from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
-from hybridgen.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
-from hybridgen.stream_slice import StreamSlices
+from hybridgen.hybrid.window import RingWindow
+from hybridgen.hybrid.scheduler import FeedbackScheduler, SchedulerConfig
+from hybridgen.hybrid.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
+from hybridgen.hybrid.stream_slice import StreamSlices
 
 
 
@@ -426,10 +426,10 @@ class HybridGen(KVMethod):
         return {"gpu_budget": as_budget(gpu_share(room, shape, per_layer_spare=1))}
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: :func:`hybridgen.perf.costs.hybridgen_cost`, with the ``ship`` and
-        three-way options priced by :func:`~hybridgen.perf.costs.hybridgen_variant_cost`;
+        """PROJECTED layer cost: :func:`hybridgen.hybrid.cost.hybridgen_cost`, with the ``ship`` and
+        three-way options priced by :func:`~hybridgen.hybrid.cost.hybridgen_variant_cost`;
         topk_ratio None prices the scheduler's start ratio, stream_ratio None the balanced split."""
-        from hybridgen.perf.costs import hybridgen_cost, hybridgen_variant_cost
+        from hybridgen.hybrid.cost import hybridgen_cost, hybridgen_variant_cost
 
         ratio = self.topk_ratio if self.topk_ratio is not None else SchedulerConfig().start_ratio
         # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
