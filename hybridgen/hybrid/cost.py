@@ -23,9 +23,12 @@ node); a workload's ``mapping`` overrides it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional, Tuple
 
+from hybridgen.hybrid.memory import hybridgen_footprint
+from hybridgen.hybrid.scheduler import SchedulerConfig
 from hybridgen.perf.context import CostContext, LayerCost, Placement
 
 # hybridgen: torch.profiler counts 75 top-level aten ops per layer-step of its decode on the CPU
@@ -39,7 +42,7 @@ HYBRIDGEN_GPU_KERNELS = 20
 # the re-rank's buffers, the candidates' gather) and the rest views or no-op conversions
 SKETCH_HOST_OPS = 10
 
-__all__ = ["hybridgen_cost", "hybridgen_variant_cost"]
+__all__ = ["hybridgen_cost", "hybridgen_variant_cost", "hybridgen_layer_cost"]
 
 
 def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head: bool = False,
@@ -181,3 +184,21 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
                      transfer=xfer + copy_f, gpu_tokens=base.gpu_tokens,
                      staging_tokens=base.staging_tokens + (2 * f * S_h if three_way else 0.0),
                      breakdown=bd, label=label)
+
+
+def hybridgen_layer_cost(m: Any, c: CostContext) -> LayerCost:
+    """``HybridGen.layer_cost``: :func:`hybridgen_cost` with ``m``'s parameters, its ``ship`` and
+    three-way options priced by :func:`hybridgen_variant_cost`; topk_ratio None prices the
+    scheduler's start ratio, stream_ratio None the balanced split. gpu_tokens / staging_tokens
+    are the footprint's (:func:`hybridgen.hybrid.memory.hybridgen_footprint`) at the ratio priced."""
+    ratio = m.topk_ratio if m.topk_ratio is not None else SchedulerConfig().start_ratio
+    # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
+    kw = dict(per_head=m.per_head, pipelined=m.pipeline, mapping=m.mapping, pinned=False,
+              key_sketch=None if m.key_sketch == "none" else m.key_sketch, oversample=m.sketch_oversample)
+    if m.ship == "logits" and not m.three_way:
+        cost = hybridgen_cost(c, m.gpu_budget, ratio, **kw)
+    else:
+        cost = hybridgen_variant_cost(c, m.gpu_budget, ratio, ship=m.ship, three_way=m.three_way,
+                                      stream_ratio=m.stream_ratio, **kw)
+    fp = hybridgen_footprint(dataclasses.replace(m, topk_ratio=ratio), c.kv_shape(), group=c.Hq // c.Hkv)
+    return dataclasses.replace(cost, gpu_tokens=fp.gpu_tokens, staging_tokens=fp.staging_tokens)

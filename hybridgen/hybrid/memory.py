@@ -25,6 +25,7 @@ its key / value tiers.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Dict
 
@@ -32,7 +33,8 @@ from hybridgen.attention.key_sketch import _BITS, SKETCH_BLOCK, TILE
 from hybridgen.hybrid.host_branch import topk_count
 from hybridgen.hybrid.scheduler import SchedulerConfig
 from hybridgen.kv.mapping import parse_mapping
-from hybridgen.methods.footprint import Footprint, KVShape, add_bytes
+from hybridgen.methods.footprint import Footprint, KVShape, add_bytes, fit_share
+from hybridgen.methods.placement import as_budget
 
 SHIP_LAYERS = 2  # shipped rows of two layers may be alive at once (one consumed, the next landing)
 
@@ -122,6 +124,19 @@ def ship_staging_bytes(m: Any, shape: KVShape, group: int = 1) -> int:
     host = host_capacity(shape.context, m.gpu_budget.resolve(shape.prompt))
     k = topk_count(max_topk_ratio(m.topk_ratio), host, m.min_topk)
     return SHIP_LAYERS * ship_tokens(k, m.per_head, group) * shape.batch * shape.token_bytes
+
+
+def hybridgen_placement(m: Any, gpu_kv_bytes: int, shape: KVShape) -> Dict[str, Any]:
+    """``m``'s largest GPU share (tokens per layer) whose footprint fits ``gpu_kv_bytes`` once
+    two layers of shipped rows at the largest selection are set aside (:func:`ship_staging_bytes`,
+    at share 0: the most host tokens); when those rows leave no room, the smallest share
+    (sinks and window 0) if its footprint alone fits; else refused in one line."""
+    make = lambda n: {"gpu_budget": as_budget(n)}  # noqa: E731
+    smallest = dataclasses.replace(m, **make(0))
+    room = gpu_kv_bytes - ship_staging_bytes(smallest, shape)
+    if smallest.footprint(shape).fits(room):
+        return fit_share(m, room, shape, make)
+    return fit_share(m, gpu_kv_bytes, shape, make, hi=0)
 
 
 def hybrid_exact_footprint(m: Any, shape: KVShape) -> Footprint:

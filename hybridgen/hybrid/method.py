@@ -18,7 +18,6 @@ behind them: ``docs/hybridgen.md``.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from concurrent.futures import Future
@@ -33,10 +32,10 @@ from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.attention.cpu_scan import resolve_backend, rows_logits, scan_is_exact
 from hybridgen.attention.partial import _mask_logits
 from hybridgen.hybrid.host_branch import HostSelection, host_branch, masked_heads, topk_count
-from hybridgen.hybrid.memory import host_capacity, hybridgen_footprint, ship_staging_bytes, window_capacity
+from hybridgen.hybrid.memory import host_capacity, hybridgen_footprint, hybridgen_placement, window_capacity
 from hybridgen.hybrid.parts import compose
 from hybridgen.hybrid.scheduler import FeedbackScheduler, SchedulerConfig
-from hybridgen.hybrid.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
+from hybridgen.hybrid.speculation import DecodePositions, StandInQuality
 from hybridgen.hybrid.stream_slice import StreamSlices
 from hybridgen.hybrid.timing import BranchTimer
 from hybridgen.hybrid.window import RingWindow
@@ -45,8 +44,7 @@ from hybridgen.kv.mapping import parse_mapping
 from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.transfer import DeviceToHost, HostToDevice, wait_host
 from hybridgen.methods import Budget, Fraction, KVMethod, MethodContext, NonNegInt, PositiveInt, Range
-from hybridgen.methods.footprint import Footprint, KVShape, fit_share
-from hybridgen.methods.placement import as_budget
+from hybridgen.methods.footprint import Footprint, KVShape
 
 
 
@@ -125,8 +123,6 @@ class HybridGen(KVMethod):
         self.n_sinks = 0
         self.scheduler: Optional[FeedbackScheduler] = None
         self._pending: Dict[int, Tuple[Future, Optional[Tensor]]] = {}
-        self._deferred: Optional[Tuple[int, Tensor]] = None
-        self._measure_only: Dict[int, Tensor] = {}
         self._plans: Dict[int, Tuple[int, int, int]] = {}  # layer -> this step's (stream_end, scan_lo, scan_hi)
         self._flows: List[List[int]] = [[0, 0] for _ in range(L)]  # this step's (scanned, streamed) per layer
         self.timer = BranchTimer(L, cuda=self.stager.async_mode)
@@ -190,8 +186,8 @@ class HybridGen(KVMethod):
             except Exception:  # noqa: BLE001 - a failed speculative scan is simply dropped
                 pass
         self._pending = {}
-        self._deferred = None
-        self._measure_only = {}
+        if getattr(self, "parts", None) is not None:
+            self.parts.lookahead.reset()
         self._plans = {}
         if getattr(self, "streams", None) is not None:
             self.streams.drop_pending()  # a copy planned for a layer that was not decoded
@@ -253,7 +249,7 @@ class HybridGen(KVMethod):
         shipped, ev = self._finish(layer, sel, q_host, views) if true_query else (None, None)
         return sel, time.perf_counter() - t0, shipped, ev, views
 
-    def _submit(self, layer: int, q: Tensor, speculative: bool) -> None:
+    def submit(self, layer: int, q: Tensor, speculative: bool) -> None:
         # key rows are kept when the softmax logits must be recomputed from the true query
         keep_keys = self.parts.logits.keep_keys if speculative else not self.parts.scan.exact
         self.count("bytes_d2h", q.numel() * q.element_size())
@@ -269,17 +265,7 @@ class HybridGen(KVMethod):
         if hidden.shape[1] == 1:  # three-way: this layer's slice (if not yet) and the next one's
             self.parts.split.prefetch(layer)
             self.parts.split.prefetch(layer + 1)
-        nxt = next_layer(self.ctx, layer)
-        if (not self.pipeline or nxt is None or hidden.shape[1] != 1
-                or self.host[nxt] is None or self.host[nxt].length == 0):
-            return
-        q_s = stand_in_query(self.ctx, nxt, hidden, self.positions.current())
-        if not self.quality.trusted(nxt):
-            self._measure_only[nxt] = q_s  # keep measuring the cosine; scan with the true query
-        elif layer == 0:
-            self._deferred = (nxt, q_s)  # submitted after layer 0's own (true-query) scan
-        else:
-            self._submit(nxt, q_s, speculative=True)
+        self.parts.lookahead.on_layer_input(layer, hidden)
 
     # ------------------------------------------------------------------ decode
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -288,7 +274,7 @@ class HybridGen(KVMethod):
         t_start = self.timer.clock()
         has_host = host.length > 0
         q_true = self._start_host_branch(layer, q) if has_host else None
-        self._lookahead_bookkeeping(layer, q)
+        self.parts.lookahead.at_layer(layer, q)  # the next layer's deferred scan; stand-in measures
         # GPU branch: the streamed slice (three-way), window + sinks + the new token (placed first)
         parts = self.parts.split.streamed_parts(layer, q) if has_host else []
         in_gpu = win.place_new(gpu, k, v)  # False with no window: attended as its own part
@@ -314,18 +300,8 @@ class HybridGen(KVMethod):
         None, its copy event)."""
         if layer in self._pending:  # read after the GPU branch
             return self.parts.logits.send(layer, q)
-        self._submit(layer, q, speculative=False)
+        self.submit(layer, q, speculative=False)
         return None, None
-
-    def _lookahead_bookkeeping(self, layer: int, q: Tensor) -> None:
-        """Layer 0's deferred speculative scan starts now; a layer whose stand-in query is only
-        measured records its cosine to the true query q."""
-        if self._deferred is not None:
-            self._submit(self._deferred[0], self._deferred[1], speculative=True)
-            self._deferred = None
-        measured = self._measure_only.pop(layer, None)
-        if measured is not None:
-            self.quality.record(layer, measured, q)
 
     def _host_part(self, layer: int, q: Tensor, q_true: Tuple[Optional[Tensor], Any]) -> Tuple[Tensor, Tensor]:
         """Wait for ``layer``'s CPU branch (finishing a speculative scan with the true query
@@ -405,32 +381,11 @@ class HybridGen(KVMethod):
         return hybridgen_footprint(self, shape)
 
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """The largest GPU share (tokens per layer) whose footprint fits the budget once two
-        layers of shipped rows at the largest selection are set aside; when those rows leave no
-        room, the smallest share (sinks and window 0) if its footprint alone fits."""
-        make = lambda n: {"gpu_budget": as_budget(n)}  # noqa: E731
-        room = gpu_kv_bytes - ship_staging_bytes(dataclasses.replace(self, **make(0)), shape)
-        if dataclasses.replace(self, **make(0)).footprint(shape).fits(room):
-            return fit_share(self, room, shape, make)
-        return fit_share(self, gpu_kv_bytes, shape, make, hi=0)
+        """The largest GPU share whose footprint fits (:func:`hybridgen.hybrid.memory.hybridgen_placement`)."""
+        return hybridgen_placement(self, gpu_kv_bytes, shape)
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: :func:`hybridgen.hybrid.cost.hybridgen_cost`, with the ``ship`` and
-        three-way options priced by :func:`~hybridgen.hybrid.cost.hybridgen_variant_cost`;
-        topk_ratio None prices the scheduler's start ratio, stream_ratio None the balanced split.
-        Its gpu_tokens / staging_tokens are the footprint's."""
-        from hybridgen.hybrid.cost import hybridgen_cost, hybridgen_variant_cost
+        """PROJECTED layer cost (:func:`hybridgen.hybrid.cost.hybridgen_layer_cost`)."""
+        from hybridgen.hybrid.cost import hybridgen_layer_cost  # lazy: the cost needs the perf package
 
-        ratio = self.topk_ratio if self.topk_ratio is not None else SchedulerConfig().start_ratio
-        # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
-        kw = dict(per_head=self.per_head, pipelined=self.pipeline, mapping=self.mapping, pinned=False,
-                  key_sketch=None if self.key_sketch == "none" else self.key_sketch,
-                  oversample=self.sketch_oversample)
-        if self.ship == "logits" and not self.three_way:
-            cost = hybridgen_cost(c, self.gpu_budget, ratio, **kw)
-        else:
-            cost = hybridgen_variant_cost(c, self.gpu_budget, ratio, ship=self.ship, three_way=self.three_way,
-                                          stream_ratio=self.stream_ratio, **kw)
-        # the footprint of the configuration priced (the scheduler's ratio: its start)
-        fp = hybridgen_footprint(dataclasses.replace(self, topk_ratio=ratio), c.kv_shape(), group=c.Hq // c.Hkv)
-        return dataclasses.replace(cost, gpu_tokens=fp.gpu_tokens, staging_tokens=fp.staging_tokens)
+        return hybridgen_layer_cost(self, c)

@@ -11,6 +11,8 @@ its step calls the parts without testing a flag:
 - the logits a speculative scan ships (``speculative_logits``): :class:`TrueQueryLogits` (the
   true query goes down at the layer and the selected rows' logits are recomputed from it)
   or :class:`StandInLogits` (the stand-in query's logits are used as they are);
+- the lookahead (``pipeline``): :class:`Lookahead` (the next layer's scan starts a layer
+  ahead with a stand-in query) or :class:`NoLookahead`;
 - the ship (``ship``): :class:`~hybridgen.hybrid.ship.ShipPacker` with its mode.
 
 Shapes: q [B, Hq, 1, D]; host K/V [B, Hkv, n, D]; a softmax part is (logits [B, Hq, 1, m],
@@ -19,7 +21,7 @@ values [B, H, m, D]) as :func:`hybridgen.attention.softmax_over_parts` takes it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from torch import Tensor
 
@@ -29,6 +31,7 @@ from hybridgen.attention.partial import _mask_logits
 from hybridgen.hybrid.memory import host_capacity, max_stream_fraction, stream_capacity
 from hybridgen.hybrid.scheduler import SchedulerConfig
 from hybridgen.hybrid.ship import ShipPacker
+from hybridgen.hybrid.speculation import next_layer, stand_in_query
 from hybridgen.kv import KVSegment
 
 Part = Tuple[Tensor, Tensor]
@@ -174,6 +177,56 @@ class StandInLogits:
         return None, None
 
 
+# ---------------------------------------------------------------------- cross-layer lookahead
+class NoLookahead:
+    """Every layer's CPU branch starts at the layer, with the true query."""
+
+    def on_layer_input(self, layer: int, hidden: Tensor) -> None:
+        """At layer ``layer``'s input (hidden [B, 1, hidden] while decoding)."""
+
+    def at_layer(self, layer: int, q: Tensor) -> None:
+        """At ``layer``'s decode, once its own branch has started (q: its true query)."""
+
+    def reset(self) -> None:
+        """Forget what was planned for this step."""
+
+
+class Lookahead(NoLookahead):
+    """Cross-layer pipelining (``pipeline``): at layer l's input, layer l + 1's scan starts with
+    a stand-in query (:mod:`hybridgen.hybrid.speculation`); a layer whose stand-in is not
+    trusted yet is only measured (and scanned with the true query); layer 0's lookahead
+    starts after layer 0's own scan."""
+
+    def __init__(self, method: Any):
+        self.m = method
+        self.reset()
+
+    def on_layer_input(self, layer: int, hidden: Tensor) -> None:
+        m = self.m
+        nxt = next_layer(m.ctx, layer)
+        if nxt is None or hidden.shape[1] != 1 or m.host[nxt] is None or m.host[nxt].length == 0:
+            return
+        q_s = stand_in_query(m.ctx, nxt, hidden, m.positions.current())
+        if not m.quality.trusted(nxt):
+            self.measure_only[nxt] = q_s  # keep measuring the cosine; scan with the true query
+        elif layer == 0:
+            self.deferred = (nxt, q_s)  # submitted after layer 0's own (true-query) scan
+        else:
+            m.submit(nxt, q_s, speculative=True)
+
+    def at_layer(self, layer: int, q: Tensor) -> None:
+        if self.deferred is not None:
+            self.m.submit(self.deferred[0], self.deferred[1], speculative=True)
+            self.deferred = None
+        measured = self.measure_only.pop(layer, None)
+        if measured is not None:
+            self.m.quality.record(layer, measured, q)
+
+    def reset(self) -> None:
+        self.deferred: Optional[Tuple[int, Tensor]] = None
+        self.measure_only: Dict[int, Tensor] = {}
+
+
 # ---------------------------------------------------------------------- composition
 @dataclass
 class StepParts:
@@ -182,6 +235,7 @@ class StepParts:
     split: PlainSplit
     scan: KeyScan
     logits: Any  # TrueQueryLogits | StandInLogits
+    lookahead: NoLookahead
     packer: ShipPacker
 
 
@@ -192,5 +246,6 @@ def compose(method: Any, scan_exact: bool) -> StepParts:
     scan = (SketchScan(method.key_sketch, method.ctx.num_layers) if method.key_sketch != "none"
             else KeyScan(scan_exact))
     logits = StandInLogits() if method.speculative_logits else TrueQueryLogits(method)
-    return StepParts(split, scan, logits, ShipPacker(method.stager, method.ship))
+    lookahead = Lookahead(method) if method.pipeline else NoLookahead()
+    return StepParts(split, scan, logits, lookahead, ShipPacker(method.stager, method.ship))
 
