@@ -13,7 +13,7 @@ its step calls the parts without testing a flag:
   or :class:`StandInLogits` (the stand-in query's logits are used as they are);
 - the lookahead (``pipeline``): :class:`Lookahead` (the next layer's scan starts a layer
   ahead with a stand-in query) or :class:`NoLookahead`;
-- the ship (``ship``): :class:`~hybridgen.hybrid.ship.ShipPacker` with its mode.
+- the ship (``ship``): :class:`~hybridgen.hybrid.ship.LogitsShip` or :class:`~hybridgen.hybrid.ship.PartialShip`.
 
 Shapes: q [B, Hq, 1, D]; host K/V [B, Hkv, n, D]; a softmax part is (logits [B, Hq, 1, m],
 values [B, H, m, D]) as :func:`hybridgen.attention.softmax_over_parts` takes it.
@@ -30,7 +30,7 @@ from hybridgen.attention.key_sketch import KeySketch
 from hybridgen.attention.partial import _mask_logits
 from hybridgen.hybrid.memory import host_capacity, max_stream_fraction, stream_capacity
 from hybridgen.hybrid.scheduler import SchedulerConfig
-from hybridgen.hybrid.ship import ShipPacker
+from hybridgen.hybrid.ship import ShipPacker, ship_packer
 from hybridgen.hybrid.speculation import next_layer, stand_in_query
 from hybridgen.kv import KVSegment
 
@@ -247,5 +247,5 @@ def compose(method: Any, scan_exact: bool) -> StepParts:
             else KeyScan(scan_exact))
     logits = StandInLogits() if method.speculative_logits else TrueQueryLogits(method)
     lookahead = Lookahead(method) if method.pipeline else NoLookahead()
-    return StepParts(split, scan, logits, lookahead, ShipPacker(method.stager, method.ship))
+    return StepParts(split, scan, logits, lookahead, ship_packer(method.stager, method.ship))
 
