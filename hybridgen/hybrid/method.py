@@ -11,6 +11,8 @@ runs ONE softmax over both (:func:`hybridgen.attention.softmax_over_parts`). The
 (:mod:`hybridgen.hybrid.speculation`), the feedback scheduler (:mod:`hybridgen.hybrid.scheduler`) moves
 the top-k ratio from measured branch times (:mod:`hybridgen.hybrid.timing`), and
 ``three_way`` also streams the oldest host slice over PCIe (:mod:`hybridgen.hybrid.stream_slice`).
+Each option is read once, at bind time, into the step's parts (:mod:`hybridgen.hybrid.parts`);
+what the method allocates per tier is stated once in :mod:`hybridgen.hybrid.memory`.
 
 Shapes: prefill q [B, Hq, T, D], k/v [B, Hkv, T, D]; decode q [B, Hq, 1, D] -> out
 [B, Hq, 1, D]. The full design, every choice where the paper is silent and the measurements
