@@ -18,7 +18,7 @@ Choices where the paper is silent or which we adapt:
   The dot products are unchanged either way (A orthogonal);
 - the partial columns per KV head are the r = round(ratio x D) columns with the largest
   (Σ_t |q̃_tc|) x (Σ_t |k̃_tc|) over the prompt; the partial query is the full stand-in query
-  (``engine.stand_in_query(l + 1, hidden_l, positions)``, :mod:`hybridgen.speculation`) projected
+  (``engine.stand_in_query(l + 1, hidden_l, positions)``, :mod:`hybridgen.hybrid.speculation`) projected
   on those r skewed columns;
 - GQA: a token's speculative score for a KV head is the MAX over the group's query heads
   (one fetch per KV head serves the group; alpha keeps its logit units);
@@ -48,7 +48,7 @@ from hybridgen.methods.tensors import attend_with_new, needs_mask
 from hybridgen.methods.tiered import TieredMethod, TierBuffer
 from hybridgen.kv import KVSegment
 from hybridgen.kv.transfer import HostToDevice
-from hybridgen.speculation import DecodePositions, next_layer, stand_in_query
+from hybridgen.hybrid.speculation import DecodePositions, next_layer, stand_in_query
 from hybridgen.methods import Budget, KeptBudget, MethodContext, Range
 
 

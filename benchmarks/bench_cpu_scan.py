@@ -17,7 +17,7 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
 - key-sketch scans (int8, int4): tokens/s (a token = one (batch, KV head) key row) against
   ``bf16_limit_tokens_per_s``, the tokens/s a bf16 scan would reach at 100% of ``read``; on
   an AVX-512 (VNNI) CPU also at the AVX2 level (rows ``... avx2``), side by side;
-- the whole CPU branch (:func:`hybridgen.host_branch.host_branch`: scan, selection, exact
+- the whole CPU branch (:func:`hybridgen.hybrid.host_branch.host_branch`: scan, selection, exact
   recompute (and re-rank of ``--oversample`` x k candidates) after a sketch scan, V-row
   gather) per scan kind, as GB/s of *bf16 key bytes* (the branch's work, whatever it reads)
   and its split by stage;
@@ -49,7 +49,7 @@ from hybridgen.attention import cpu_scan as cs  # noqa: E402
 from hybridgen.attention import native  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
-from hybridgen.host_branch import host_branch, topk_count  # noqa: E402
+from hybridgen.hybrid.host_branch import host_branch, topk_count  # noqa: E402
 from hybridgen.eval.environment import cpu_model  # noqa: E402
 from hybridgen.eval.provenance import code_version  # noqa: E402
 from hybridgen.hybrid import HybridGen  # noqa: E402

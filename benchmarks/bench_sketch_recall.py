@@ -5,7 +5,7 @@
 One prefill of a real prompt (``--source``, as ``bench_baselines.py``) through ``full``; per
 layer, the queries of the last ``--queries`` prompt positions act as decode queries over
 the keys before them (the host share of a decode step). For each query position the CPU
-branch's selection (:func:`hybridgen.host_branch.host_branch`, shared per KV head, max group
+branch's selection (:func:`hybridgen.hybrid.host_branch.host_branch`, shared per KV head, max group
 score, ``--topk-ratio`` of the tokens) is made twice, from the exact keys and from each
 sketch (:class:`hybridgen.attention.key_sketch.KeySketch`) at each ``--oversample`` (the
 sketch proposes ceil(o * k) candidates, re-ranked by their exact logits: HybridGen's
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from hybridgen.attention.key_sketch import SKETCH_KINDS, KeySketch  # noqa: E402
 from hybridgen.errors import cli_errors  # noqa: E402
-from hybridgen.host_branch import host_branch, topk_count  # noqa: E402
+from hybridgen.hybrid.host_branch import host_branch, topk_count  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods.full import Full  # noqa: E402
 

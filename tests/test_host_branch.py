@@ -1,8 +1,8 @@
-"""HybridGen's CPU branch (hybridgen.host_branch): exact logits of the selection, top-k counts."""
+"""HybridGen's CPU branch (hybridgen.hybrid.host_branch): exact logits of the selection, top-k counts."""
 import torch
 
 from hybridgen.attention import cpu_scan as cs
-from hybridgen.host_branch import host_branch, topk_count
+from hybridgen.hybrid.host_branch import host_branch, topk_count
 from hybridgen.kv import TieredStore
 from tests._scan_cases import host_segment as _segment, ref_logits as _ref_logits
 

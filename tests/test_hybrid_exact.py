@@ -8,7 +8,7 @@ from hybridgen.methods.full import Full
 from hybridgen.attention import dense_attention_reference
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.errors import ConfigError
-from hybridgen.hybrid_exact import HybridExact
+from hybridgen.hybrid.exact import HybridExact
 from hybridgen.methods import Budget, build_method
 from hybridgen.testing import Shape, drive, left_padding, method_context
 from tests._attention_cases import GQA_RATIOS, TOL, rel_err

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from hybridgen.attention.cpu_pool import CPUAttentionPool
-from hybridgen.host_ship import selected_partial
+from hybridgen.hybrid.ship import selected_partial
 from hybridgen.hybrid import HybridGen
 from hybridgen.methods import Budget
 from hybridgen.methods.full import Full
 from hybridgen.eval.generation import teacher_forced_logits
-from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
+from hybridgen.hybrid.scheduler import FeedbackScheduler, SchedulerConfig
 from hybridgen.testing import MethodDriver, drive, left_padding
 from tests._tiny_llama import prompt, tiny_llama
 

@@ -3,7 +3,7 @@ import pytest
 
 from hybridgen.errors import ConfigError
 from hybridgen.hybrid import HybridGen
-from hybridgen.hybrid_exact import HybridExact
+from hybridgen.hybrid.exact import HybridExact
 from hybridgen.kv import TieredStore
 from hybridgen.kv.mapping import MAPPING_POLICIES, MappingPolicy, Placement, kv_bytes_by_tier
 from hybridgen.methods import Budget

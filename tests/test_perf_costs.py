@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from hybridgen import perf as pm
-from hybridgen.perf.costs import cpu_attention_split_cost, full_cost, hybridgen_cost
+from hybridgen.hybrid.cost import hybridgen_cost
+from hybridgen.perf.costs import cpu_attention_split_cost, full_cost
 
 LLAMA8B = pm.ModelShape(name="llama-3.1-8b-shape", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                         head_dim=128, intermediate_size=14336, vocab_size=128256)

@@ -14,7 +14,7 @@ import torch
 from baselines.flexgen import FlexGen
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.hybrid import HybridGen
-from hybridgen.hybrid_exact import HybridExact
+from hybridgen.hybrid.exact import HybridExact
 from hybridgen.kv.transfer import DeviceToHost, after_copy, wait_host
 from hybridgen.methods import Budget
 from hybridgen.testing import MethodDriver, dense_reference

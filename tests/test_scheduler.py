@@ -2,7 +2,7 @@
 import pytest
 
 from hybridgen.errors import ConfigError
-from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
+from hybridgen.hybrid.scheduler import FeedbackScheduler, SchedulerConfig
 
 
 def _feed(s, steps, cpu, gpu, layers=2):

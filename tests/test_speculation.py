@@ -1,4 +1,4 @@
-"""Cross-layer speculation helpers (hybridgen.speculation): the positions a method keeps match
+"""Cross-layer speculation helpers (hybridgen.hybrid.speculation): the positions a method keeps match
 the engine's at every decode step (padded and unpadded prompts), so the stand-in query it
 computes is the engine's; the stand-in quality tracker's trust rule."""
 import json
@@ -8,7 +8,7 @@ import torch
 
 from hybridgen.methods.full import Full
 from hybridgen.model import load_model
-from hybridgen.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
+from hybridgen.hybrid.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
 
 TINY_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=300, hidden_size=32,
                   num_hidden_layers=2, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,

@@ -44,7 +44,7 @@ not drown the others (the paper is silent; ``group_score='sum'`` gives the plain
 logits used by ``hybridgen.attention.topk_per_group``).
 
 HybridGen's branch built from these (scan + top-k + gather of one layer) is
-:func:`hybridgen.host_branch.host_branch`.
+:func:`hybridgen.hybrid.host_branch.host_branch`.
 """
 from __future__ import annotations
 

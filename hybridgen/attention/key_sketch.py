@@ -6,7 +6,7 @@ Only the ranking uses it: the selected rows' logits are recomputed exactly from 
 full-precision keys (:func:`hybridgen.attention.cpu_scan.exact_logits_at`), so the softmax
 stays exact over what is selected; the sketch changes *which* tokens are selected, never
 their weights. HybridGen can also over-select from the sketch and keep the top-k of the
-candidates by their exact logits (its ``sketch_oversample``, :func:`hybridgen.host_branch.host_branch`).
+candidates by their exact logits (its ``sketch_oversample``, :func:`hybridgen.hybrid.host_branch.host_branch`).
 
 Codes (``csrc/sketch.c`` has the byte layout): asymmetric per (batch, KV head, block of
 ``SKETCH_BLOCK`` tokens, channel): lo = the block's minimum of the channel, s = (max - lo) / L
@@ -134,7 +134,7 @@ class KeySketch:
 
         The sketch holds the keys' whole blocks only, tokens [0, T // SKETCH_BLOCK *
         SKETCH_BLOCK): a decode step's appended token lands in the last, partial block, which
-        the CPU branch scans exactly (:func:`hybridgen.host_branch.host_branch`), so a step
+        the CPU branch scans exactly (:func:`hybridgen.hybrid.host_branch.host_branch`), so a step
         costs no quantization until its block fills. Keys that moved, shrank, changed their
         first token (``pop_front``) or outgrew the sketch are re-quantized whole.
         """

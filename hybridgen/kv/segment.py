@@ -131,10 +131,11 @@ class KVSegment:
         if self._mask is not None:
             self._mask[:, :, s] = True if mask is None else (mask if mask.dim() == 3 else mask[:, None, :])
 
-    def keep(self, index: Tensor) -> None:
+    def keep(self, index: Tensor, capacity: int = 0) -> None:
         """Keep only the tokens at ``index`` [B, Hkv, n] (per head), compacted to the front.
 
-        The surplus capacity is returned: eviction frees memory for real.
+        The surplus capacity is returned: eviction frees memory for real (capacity: keep room
+        for that many tokens instead, when more than n).
         """
         n = index.shape[-1]
         D = self.shape[2]
@@ -145,7 +146,7 @@ class KVSegment:
         m = torch.gather(self.mask, 2, idx) if self._mask is not None else None
         self._free()
         self.length = 0
-        self._alloc(n)
+        self._alloc(max(n, capacity))
         self.append(k, v, m)
 
     def pop_front(self, n: int) -> tuple:

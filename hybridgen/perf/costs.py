@@ -19,20 +19,6 @@ S_g, S_h = c.split(gpu_share); r = a budget's fraction of the context (c.fractio
                   (``serial``: cpu + gpu, the CPU starting once the GPU part is done, as a
                   blocking q.to('cpu') behind the GPU partial does);  layer = rest + attn
                   (hybrid-exact, the host part attended on the CPU)
-  hybridgen       k = ceil(topk_ratio*S_h), Hsel = Hq (per_head) or Hkv
-                  cpu = scan(B*S_h*key_tok / key_scan rate, pinned or pageable keys)
-                        + group score(B*Hq*S_h*4 / group_score_gbps; shared selection only)
-                        + topk(B*Hsel*S_h*4 / topk_gbps)
-                        + gather(B*Hsel*k*D*b at the value tier, + CXL latency term)
-                        + host_ops * op_us + copy(B*Hq*k*4 + B*Hsel*k*D*b, pinned staging or not)
-                  gpu_pre   = gpu_keys(S_g)                       (GPU logits, before the wait)
-                  after     = gpu_values(S_g + k*Hsel/Hkv) + softmax over the S_g + k logits
-                              + gpu_kernels launches              (ONE softmax, after the wait)
-                  attn = overlap(cpu, gpu_pre) + after            (``serial``: cpu + gpu_pre + after)
-                  pipelined (CPU runs a layer ahead, exact logits of the k rows recomputed after
-                  the wait: exact = gather of the k key rows + 1 host op):
-                    layer = max(cpu + exact, rest + gpu_pre + exact + after)
-                  otherwise: layer = rest + attn
   gpu resident    attn = gpu_attn(kept) + the method's own pass (an evicting method's own cost,
                   beside it, e.g. baselines/kept_costs.py)
   offloaded kept KV (offload='stream', "H2O on FlexGen"): n = tokens streamed (the kept set,
@@ -42,14 +28,12 @@ S_g, S_h = c.split(gpu_share); r = a budget's fraction of the context (c.fractio
                   GPU's projections: cpu = B*n_read*kv_tok / cpu_attention rate + the method's
                   own host passes + SPLIT_HOST_OPS*op_us + q,k,v down, out up; layer = rest + cpu
 
-Host placement: the host-KV methods other than ``hybridgen`` default to DRAM ('dram');
-``hybridgen`` to 'semantic' (keys on DRAM, values on CXL when the profile has a CXL node);
-a workload's ``mapping`` overrides both.
+Host placement: the host-KV methods here default to DRAM ('dram'); HybridGen's own cost
+(:mod:`hybridgen.hybrid.cost`) to 'semantic'; a workload's ``mapping`` overrides both.
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Optional, Tuple
+from typing import Optional
 
 from hybridgen.perf.context import CostContext, LayerCost, Placement
 
@@ -59,19 +43,9 @@ FULL_KERNELS = 3          # append K, append V, fused SDPA
 PARTIAL_KERNELS = 8       # unfused partial attention: logits, scale, max, exp, sum, weighted sum, ...
 MERGE_KERNELS = 10        # LSE merge of two partials
 SPLIT_HOST_OPS = 12       # the CPU partial attention: torch ops, each a thread fork/join
-# hybridgen: torch.profiler counts 75 top-level aten ops per layer-step of its decode on the CPU
-# (full: 33), most of them views; of the rest ~14 are in the CPU branch (scan, group score:
-# logsumexp/where/max, top-k, logits at idx, gathers, staging) and ~20 launch GPU kernels
-HYBRIDGEN_HOST_OPS = 14
-HYBRIDGEN_GPU_KERNELS = 20
-# key_sketch adds 26 torch calls per layer to the CPU branch (a TorchFunctionMode around
-# host_branch + KeySketch.sync: 42 calls against 16 without the sketch), ~10 of them real
-# (the sync's front check, the exact tail's scan and its copy, the statistics' concatenation,
-# the re-rank's buffers, the candidates' gather) and the rest views or no-op conversions
-SKETCH_HOST_OPS = 10
 
 __all__ = ["CostContext", "LayerCost", "full_cost", "stream_cost", "cpu_attention_split_cost",
-           "hybridgen_cost", "gpu_resident_cost", "offloaded_kept_cost"]
+           "gpu_resident_cost", "offloaded_kept_cost"]
 
 
 def full_cost(c: CostContext) -> LayerCost:
@@ -131,82 +105,6 @@ def cpu_attention_split_cost(c: CostContext, gpu_share: float, merge: bool = Tru
                      label="cpu-attention-split")
 
 
-def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head: bool = False,
-                   pipelined: bool = True, mapping: Placement = "semantic", pinned: Optional[bool] = None,
-                   staging_pinned: bool = True, serial: bool = False, host_ops: int = HYBRIDGEN_HOST_OPS,
-                   gpu_kernels: int = HYBRIDGEN_GPU_KERNELS, key_sketch: Optional[str] = None,
-                   oversample: float = 1.0, fused_select: bool = True) -> LayerCost:
-    """HybridGen: CPU key scan + group score + top-k over the host keys, the selected rows'
-    logits and V rows shipped to the GPU, ONE softmax with the GPU window after the wait.
-
-    pipelined: the CPU branch runs a layer ahead (stand-in queries) and the selected rows'
-    logits are recomputed exactly after the wait; pinned: host keys page-locked (None:
-    whenever a real GPU, as kv/tiers.py does); staging_pinned: the shipped rows leave from a
-    pinned staging buffer (False: a pageable copy); serial: the CPU branch starts only when
-    the GPU logits are done (a blocking q.to('cpu')); host_ops / gpu_kernels: the fixed ops
-    of the CPU branch / of the GPU work after the wait; key_sketch ('int8' / 'int4'): the scan
-    reads the sketch (:func:`~hybridgen.attention.key_sketch.sketch_bytes_per_token` per
-    (sequence, KV head, token), at :meth:`~hybridgen.perf.context.CostContext.sketch_rate`) and
-    the branch then reads ceil(oversample * k) exact key rows and re-ranks them (``rerank_s``);
-    the keys' last, partial block is scanned exactly (the sketch holds whole blocks), and the
-    branch pays SKETCH_HOST_OPS more host ops;
-    fused_select: the selection is the code's fused C pass (host.select_gbps where the profile
-    has it); False prices torch's group score + top-k (the H200 probe's plain-torch step).
-    """
-    hw = c.hw
-    S_g, S_h = c.split(gpu_budget)
-    key_tier, value_tier = c.tiers(mapping)
-    k = min(S_h, math.ceil(topk_ratio * S_h)) if S_h else 0
-    Hsel = c.Hq if per_head else c.Hkv
-    row = c.D * c.b
-    rerank = 0.0
-    if key_sketch:
-        from hybridgen.attention.key_sketch import SKETCH_BLOCK, sketch_bytes_per_token
-
-        # the sketch holds whole blocks: the keys' last, partial one (half a block on average)
-        # is scanned exactly, and a block is quantized every SKETCH_BLOCK steps (a token a step)
-        tail = min(S_h, SKETCH_BLOCK / 2)
-        scanned = c.B * (S_h - tail) * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
-        scan_rate, rate_measured = c.sketch_rate(key_sketch)
-        exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, c.scan_rate(pinned=False), key_tier)
-        kc = min(S_h, math.ceil(oversample * k))
-        rerank = c.gather_time(c.B * Hsel * kc, row, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
-        host_ops += SKETCH_HOST_OPS
-    else:
-        scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
-        exact_tail = 0.0
-    scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
-    if fused_select:
-        group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)
-    else:
-        group = 0.0 if per_head else c.group_score_time(c.B * c.Hq * S_h * 4)
-        topk, fused = c.topk_time(c.B * Hsel * S_h * 4), False
-    gather = c.gather_time(c.B * Hsel * k, row, value_tier)
-    h2d_bytes = c.B * c.Hq * k * 4 + c.B * Hsel * k * row
-    xfer = c.copy(h2d_bytes, pageable=not staging_pinned) if k else 0.0
-    host_fixed = c.fixed(host_ops=host_ops) if S_h else 0.0
-    cpu = scan + group + topk + rerank + gather + host_fixed + xfer if S_h else 0.0
-    exact = c.gather_time(c.B * Hsel * k, row, key_tier) + c.fixed(host_ops=1) if pipelined and k else 0.0
-    gpu_pre = c.gpu_keys(S_g) if S_g else 0.0
-    softmax = c.B * c.Hq * (S_g + k) * 4 * 2 / (hw.gpu.hbm_gbps * 1e9)
-    gpu_fixed = c.fixed(gpu_kernels=gpu_kernels)
-    after = c.gpu_values(S_g + k * Hsel / c.Hkv) + softmax + gpu_fixed
-    attn = (cpu + gpu_pre if serial else c.overlap(cpu, gpu_pre)) + after
-    if not pipelined or c.emulated:
-        layer = c.rest + attn + exact
-    else:
-        layer = max(cpu + exact, c.rest + gpu_pre + exact + after)
-    return LayerCost(attn=attn, layer=layer, cpu=cpu + exact, gpu=c.rest + gpu_pre + after, transfer=xfer,
-                     gpu_tokens=S_g, staging_tokens=2 * k * (Hsel / c.Hkv),
-                     breakdown={"scan_s": scan, "group_score_s": group, "topk_s": topk, "rerank_s": rerank,
-                                "gather_s": gather, "scan_rate_measured": rate_measured, "fused_select": fused,
-                                "exact_logits_s": exact, "transfer_s": xfer, "gpu_pre_s": gpu_pre,
-                                "after_wait_s": after, "gpu_attn_s": gpu_pre + after, "rest_s": c.rest,
-                                "fixed_s": host_fixed + gpu_fixed, "scan_rate_gbps": scan_rate, "topk_tokens": k,
-                                "h2d_bytes": h2d_bytes, "scanned_key_bytes": scanned},
-                     label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
-
-
 def gpu_resident_cost(c: CostContext, kept_tokens: float, extra: float = 0.0, resident: Optional[float] = None,
                       label: str = "gpu-resident") -> LayerCost:
     """A GPU-only method attending over kept_tokens (+ ``extra`` seconds of its own work);
@@ -245,69 +143,4 @@ def offloaded_kept_cost(c: CostContext, resident: LayerCost, streamed_tokens: fl
     bd = {"cpu_attn_s": cpu_attn, "host_extra_s": extra, "transfer_s": xfer, "rest_s": c.rest,
           "h2d_bytes": c.B * c.Hq * c.D * c.b, "host_kv_bytes": 2 * half}
     return LayerCost(attn=cpu, layer=c.rest + cpu, cpu=cpu, gpu=c.rest, transfer=xfer, gpu_tokens=0.0,
-                     breakdown=bd, label=label)
-
-
-def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, ship: str = "logits",
-                           three_way: bool = False, stream_ratio: Optional[float] = None,
-                           **hybridgen_kw: Any) -> LayerCost:
-    """HybridGen's options on top of :func:`hybridgen_cost` (``hybridgen_kw`` pass through).
-
-    ship='partial': the CPU ships [out, lse] per query head (B*Hq*(D*b + 4) bytes) instead of
-    the selected logits + V rows; it pays one more pass over the gathered V rows (at the
-    host's read rate, after the wait when pipelined) and the GPU's after-wait work loses the
-    k selected rows (one entry per head instead).
-    three_way: the oldest f of the host tokens are copied over PCIe a layer ahead (pinned,
-    B*f*S_h*kv_tok bytes) and attended on the GPU; the CPU branch's token-proportional part
-    shrinks by (1 - f) (fixed ops stay); layer = max(CPU branch, GPU path + streamed
-    attention, copy). stream_ratio None: the f in [0, 0.9] (step 0.01) that minimises the
-    layer, which is where the scheduler's rule (CPU branch = copy) settles when those two
-    dominate.
-    """
-    base = hybridgen_cost(c, gpu_budget, topk_ratio, **hybridgen_kw)
-    per_head = bool(hybridgen_kw.get("per_head", False))
-    pipelined = bool(hybridgen_kw.get("pipelined", True))
-    bd = dict(base.breakdown)
-    k = bd.get("topk_tokens", 0)
-    Hsel = c.Hq if per_head else c.Hkv
-    row = c.D * c.b
-    cpu, gpu, xfer = base.cpu, base.gpu, base.transfer
-    exact = bd.get("exact_logits_s", 0.0)
-    if ship == "partial" and k:
-        rows_bytes = c.B * Hsel * k * row
-        partial_bytes = c.B * c.Hq * (row + 4)
-        new_xfer = c.copy(partial_bytes)
-        extra_cpu = rows_bytes / (c.hw.host.dram_read_gbps * 1e9)
-        saved_gpu = c.gpu_values(k * Hsel / c.Hkv) - c.gpu_values(c.Hq / c.Hkv)
-        cpu = cpu - xfer + new_xfer + extra_cpu
-        gpu = gpu - max(0.0, saved_gpu)
-        exact += extra_cpu
-        xfer = new_xfer
-        bd.update(h2d_bytes=partial_bytes, transfer_s=new_xfer, partial_s=extra_cpu)
-    S_g, S_h = c.split(gpu_budget)
-
-    def compose(f: float) -> Tuple[float, float, float, float]:
-        fixed = min(bd.get("fixed_s", 0.0), cpu)
-        cpu_f = fixed + (1.0 - f) * (cpu - fixed)
-        n = f * S_h
-        copy_f = c.copy(c.B * n * c.kv_tok) if n else 0.0
-        gpu_f = gpu + (c.gpu_keys(n) + c.gpu_values(n) if n else 0.0)
-        if pipelined and not c.emulated:
-            layer = max(cpu_f, gpu_f, copy_f)
-        else:
-            layer = max(cpu_f - exact, gpu_f - c.rest, copy_f) + c.rest + exact
-        return layer, cpu_f, gpu_f, copy_f
-
-    if three_way:
-        grid = [stream_ratio] if stream_ratio is not None else [i / 100 for i in range(91)]
-        f = min(grid, key=lambda x: compose(x)[0])
-    else:
-        f = 0.0
-    layer, cpu_f, gpu_f, copy_f = compose(f)
-    bd.update(stream_ratio=f, streamed_tokens=f * S_h, stream_copy_s=copy_f,
-              stream_bytes=c.B * f * S_h * c.kv_tok)
-    label = "hybridgen" + ("-partial" if ship == "partial" else "") + ("-three-way" if three_way else "")
-    return LayerCost(attn=max(cpu_f, gpu_f - c.rest, copy_f), layer=layer, cpu=cpu_f, gpu=gpu_f,
-                     transfer=xfer + copy_f, gpu_tokens=base.gpu_tokens,
-                     staging_tokens=base.staging_tokens + (2 * f * S_h if three_way else 0.0),
                      breakdown=bd, label=label)

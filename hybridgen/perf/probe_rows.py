@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from hybridgen.perf.context import CostContext
-from hybridgen.perf.costs import PARTIAL_KERNELS, cpu_attention_split_cost, full_cost, hybridgen_cost, stream_cost
+from hybridgen.hybrid.cost import hybridgen_cost
+from hybridgen.perf.costs import PARTIAL_KERNELS, cpu_attention_split_cost, full_cost, stream_cost
 from hybridgen.perf.profiles import HardwareProfile, load_profile
 from hybridgen.perf.shapes import ModelShape, Workload
 

@@ -1,7 +1,7 @@
 """HybridGen's three-way split: the oldest host tokens of a layer streamed to the GPU, a layer ahead.
 
 In three-way mode the host tokens [0, n) of a layer (its oldest, n chosen by the scheduler,
-:mod:`hybridgen.scheduler`) are copied to the GPU and attended densely there with exact
+:mod:`hybridgen.hybrid.scheduler`) are copied to the GPU and attended densely there with exact
 logits, while the CPU scans only the rest. The copy of layer l + 1 starts at
 ``on_layer_input(l)`` (:meth:`StreamSlices.start`), so it runs on the copy stream under layer
 l's compute; ``decode(l + 1)`` only waits for it (:meth:`StreamSlices.get`).
@@ -13,8 +13,9 @@ l's compute; ``decode(l + 1)`` only waits for it (:meth:`StreamSlices.get`).
 - Destination: two device slots (k, v [B, Hkv, cap, D], mask [B, Hkv, cap]) shared by all
   layers (layer l uses slot l % 2, FlexGen's double buffer); the copy stream waits on the
   compute stream before writing (:class:`hybridgen.kv.transfer.HostToDevice`), so layer l + 2
-  never overwrites a slot layer l still reads. Slots grow geometrically and are allocated on the
-  store's gpu tier (counted in its ledger) and returned by :meth:`release`.
+  never overwrites a slot layer l still reads. Slots are allocated on the store's gpu tier
+  (counted in its ledger): reserved at their largest size up front (:meth:`StreamSlices.reserve`),
+  else grown geometrically; :meth:`release` returns them.
 - Timing: the copy's seconds per layer (CUDA timing events on the copy stream, read at the
   step's end; ``perf_counter`` around the plain copy without CUDA) feed the scheduler's
   stream-fraction rule.
@@ -54,18 +55,29 @@ class StreamSlices:
         self.copy_s: Dict[int, float] = {}                 # layer -> seconds (sync path)
 
     # ------------------------------------------------------------------ storage
+    def reserve(self, slots: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype, tokens: int,
+                with_mask: bool) -> None:
+        """Allocate ``slots`` (1 or 2: layers use slot l % 2) device slots of ``tokens`` tokens
+        up front, so a run's peak is known before it starts (:mod:`hybridgen.hybrid.memory`)."""
+        for i in range(slots):
+            self._allocate(i, batch, heads, head_dim, dtype, tokens, with_mask)
+
+    def _allocate(self, i: int, B: int, H: int, D: int, dtype: torch.dtype, cap: int, with_mask: bool) -> None:
+        slot = self._slots[i]
+        self._free_slot(slot)
+        name = f"{self.owner}{i}"
+        slot["k"] = self.gpu_tier.allocate((B, H, cap, D), dtype, f"{name}/k")
+        slot["v"] = self.gpu_tier.allocate((B, H, cap, D), dtype, f"{name}/v")
+        if with_mask:
+            slot["mask"] = self.gpu_tier.allocate((B, H, cap), torch.bool, f"{name}/mask")
+        slot["cap"] = cap
+
     def _slot(self, layer: int, host: KVSegment, n: int) -> Dict[str, Tensor]:
         slot = self._slots[layer % 2]
         if "k" not in slot or slot["k"].shape[2] < n or slot["k"].shape[:2] != host.k.shape[:2]:
-            self._free_slot(slot)
-            B, H, _, D = host.k.shape
+            B, H, _, D = host.k.shape  # not reserved, or too small: grow geometrically
             cap = max(n, int(GROWTH * (slot.get("cap", 0) or n)))
-            name = f"{self.owner}{layer % 2}"
-            slot["k"] = self.gpu_tier.allocate((B, H, cap, D), host.k.dtype, f"{name}/k")
-            slot["v"] = self.gpu_tier.allocate((B, H, cap, D), host.v.dtype, f"{name}/v")
-            if host.mask is not None:
-                slot["mask"] = self.gpu_tier.allocate((B, H, cap), torch.bool, f"{name}/mask")
-            slot["cap"] = cap
+            self._allocate(layer % 2, B, H, D, host.k.dtype, cap, host.mask is not None)
         return slot
 
     def _free_slot(self, slot: Dict[str, Tensor]) -> None:

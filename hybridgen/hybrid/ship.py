@@ -10,14 +10,14 @@ selection) or Hkv (shared), k selected rows, D head dim, b bytes per KV element:
   exactly (the LSE merge of :func:`hybridgen.attention.merge_partials`) as ONE softmax entry
   per head with logit lse and value out.
 
-:class:`ShipPacker` packs a layer's tensors into ONE pinned staging buffer (64-byte aligned
-parts), sent with one non-blocking copy, and unpacks views of the device copy; off the async
-path (no CUDA) the tensors go as they are.
+:class:`ShipPacker` (one subclass per mode, :func:`ship_packer`) packs a layer's tensors into
+ONE pinned staging buffer (64-byte aligned parts), sent with one non-blocking copy, and
+unpacks views of the device copy; off the async path (no CUDA) the tensors go as they are.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Hashable, Tuple
+from typing import Any, Dict, Hashable, List, Tuple
 
 import torch
 from torch import Tensor
@@ -26,6 +26,7 @@ from hybridgen.kv.transfer import HostToDevice
 
 ALIGN = 64
 Layout = Dict[str, Tuple[int, int, Tuple[int, ...], torch.dtype]]  # name -> (offset, bytes, shape, dtype)
+Spec = Tuple[str, Tuple[int, ...], torch.dtype]  # name, shape, dtype of one shipped tensor
 
 
 def selected_partial(logits: Tensor, v_rows: Tensor) -> Tuple[Tensor, Tensor]:
@@ -45,27 +46,30 @@ def selected_partial(logits: Tensor, v_rows: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 class ShipPacker:
-    """One pinned staging buffer per key (e.g. (layer, 'ship')) holding everything a layer ships.
+    """One pinned staging buffer per key (e.g. (layer, 'ship')) holding everything a layer ships;
+    what that is comes from the mode's subclass (:class:`LogitsShip`, :class:`PartialShip`,
+    built by :func:`ship_packer`).
 
-    stager: the method's :class:`~hybridgen.kv.transfer.HostToDevice`; mode: 'logits' or 'partial'.
+    stager: the method's :class:`~hybridgen.kv.transfer.HostToDevice`.
     """
 
-    def __init__(self, stager: HostToDevice, mode: str):
+    mode = ""
+
+    def __init__(self, stager: HostToDevice):
         self.stager = stager
-        self.mode = mode
+
+    def specs(self, B: int, Hq: int, Hsel: int, k: int, D: int, vdtype: torch.dtype) -> List[Spec]:
+        """(name, shape, dtype) of each tensor this mode ships."""
+        raise NotImplementedError
 
     def views(self, key: Hashable, B: int, Hq: int, Hsel: int, k: int, D: int, vdtype: torch.dtype) -> Dict[str, Any]:
         """Host views (by name, see the module docstring) into ``key``'s staging buffer, free to
         write; empty off the async path (nothing to stage)."""
         if not self.stager.async_mode:
             return {}
-        if self.mode == "partial":
-            specs = [("out", (B, Hq, D), vdtype), ("lse", (B, Hq), torch.float32)]
-        else:
-            specs = [("logits", (B, Hq, k), torch.float32), ("v", (B, Hsel, k, D), vdtype)]
         layout: Layout = {}
         off = 0
-        for name, shape, dt in specs:
+        for name, shape, dt in self.specs(B, Hq, Hsel, k, D, vdtype):
             n = math.prod(shape) * dt.itemsize
             layout[name] = (off, n, shape, dt)
             off += -(-n // ALIGN) * ALIGN
@@ -77,21 +81,13 @@ class ShipPacker:
     def ship(self, key: Hashable, logits: Tensor, v_rows: Tensor, views: Dict[str, Any]
              ) -> Tuple[Dict[str, Tensor], Any]:
         """Send what this mode ships for the selected rows' logits [B, Hq, k] (float32, -inf
-        where masked) and V rows [B, Hsel, k, D]: them as they are ('logits') or the CPU's
-        [out, lse] over them ('partial'). Returns (name -> device tensor, copy event or None)."""
-        if self.mode == "partial":
-            out, lse = selected_partial(logits, v_rows)
-            return self.send(key, {"out": out, "lse": lse}, views)
-        return self.send(key, {"logits": logits, "v": v_rows}, views)
+        where masked) and V rows [B, Hsel, k, D]. Returns (name -> device tensor, copy event or None)."""
+        raise NotImplementedError
 
     def softmax_part(self, shipped: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         """The shipped tensors as one part of the GPU's single softmax
-        (:func:`hybridgen.attention.softmax_over_parts`): (logits [B, Hq, 1, k], values
-        [B, Hsel, k, D]), or for 'partial' one entry per head with logit lse and value out
-        ([B, Hq, 1, 1], [B, Hq, 1, D])."""
-        if self.mode == "partial":
-            return shipped["lse"][:, :, None, None], shipped["out"][:, :, None, :]
-        return shipped["logits"][:, :, None, :], shipped["v"]
+        (:func:`hybridgen.attention.softmax_over_parts`): (logits [B, Hq, 1, m], values [B, H, m, D])."""
+        raise NotImplementedError
 
     def send(self, key: Hashable, host: Dict[str, Tensor], views: Dict[str, Any]) -> Tuple[Dict[str, Tensor], Any]:
         """Ship ``host`` (name -> tensor; written into ``views`` unless already there) with one
@@ -103,3 +99,44 @@ class ShipPacker:
                 views[name].copy_(t)
         dev, ev = self.stager.send(key, views["_buf"])
         return {name: dev[o:o + n].view(dt).view(shape) for name, (o, n, shape, dt) in views["_layout"].items()}, ev
+
+
+class LogitsShip(ShipPacker):
+    """``ship='logits'``: the selected rows' logits and V rows as they are; the GPU's softmax
+    takes the k entries per head ((logits [B, Hq, 1, k], values [B, Hsel, k, D]))."""
+
+    mode = "logits"
+
+    def specs(self, B: int, Hq: int, Hsel: int, k: int, D: int, vdtype: torch.dtype) -> List[Spec]:
+        return [("logits", (B, Hq, k), torch.float32), ("v", (B, Hsel, k, D), vdtype)]
+
+    def ship(self, key: Hashable, logits: Tensor, v_rows: Tensor, views: Dict[str, Any]
+             ) -> Tuple[Dict[str, Tensor], Any]:
+        return self.send(key, {"logits": logits, "v": v_rows}, views)
+
+    def softmax_part(self, shipped: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+        return shipped["logits"][:, :, None, :], shipped["v"]
+
+
+class PartialShip(ShipPacker):
+    """``ship='partial'``: the CPU's [out, lse] over its selection (:func:`selected_partial`); the
+    GPU's softmax takes one entry per head with logit lse and value out ([B, Hq, 1, 1],
+    [B, Hq, 1, D])."""
+
+    mode = "partial"
+
+    def specs(self, B: int, Hq: int, Hsel: int, k: int, D: int, vdtype: torch.dtype) -> List[Spec]:
+        return [("out", (B, Hq, D), vdtype), ("lse", (B, Hq), torch.float32)]
+
+    def ship(self, key: Hashable, logits: Tensor, v_rows: Tensor, views: Dict[str, Any]
+             ) -> Tuple[Dict[str, Tensor], Any]:
+        out, lse = selected_partial(logits, v_rows)
+        return self.send(key, {"out": out, "lse": lse}, views)
+
+    def softmax_part(self, shipped: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+        return shipped["lse"][:, :, None, None], shipped["out"][:, :, None, :]
+
+
+def ship_packer(stager: HostToDevice, mode: str) -> ShipPacker:
+    """The packer of ``mode`` ('logits' or 'partial', checked by HybridGen's ``ship`` field)."""
+    return {"logits": LogitsShip, "partial": PartialShip}[mode](stager)

@@ -2,15 +2,17 @@
 feedback scheduler and semantic-aware KV mapping.
 
 Per layer the KV is split by token: the gpu tier holds ``sinks`` + a recent window
-(``gpu_budget`` tokens, a ring: :mod:`hybridgen.ring_window`), the host every older token.
+(``gpu_budget`` tokens, a ring: :mod:`hybridgen.hybrid.window`), the host every older token.
 At each decode step and layer the CPU scans the host keys with the (stand-in) query, takes
 the top-k and ships logits + V rows (``ship='logits'``) or its own [out, lse]
-(``ship='partial'``, :mod:`hybridgen.host_ship`); the GPU computes its window's logits and
+(``ship='partial'``, :mod:`hybridgen.hybrid.ship`); the GPU computes its window's logits and
 runs ONE softmax over both (:func:`hybridgen.attention.softmax_over_parts`). The CPU branch
-(:mod:`hybridgen.host_branch`) runs a layer ahead with a stand-in query
-(:mod:`hybridgen.speculation`), the feedback scheduler (:mod:`hybridgen.scheduler`) moves
-the top-k ratio from measured branch times (:mod:`hybridgen.branch_timing`), and
-``three_way`` also streams the oldest host slice over PCIe (:mod:`hybridgen.stream_slice`).
+(:mod:`hybridgen.hybrid.host_branch`) runs a layer ahead with a stand-in query
+(:mod:`hybridgen.hybrid.speculation`), the feedback scheduler (:mod:`hybridgen.hybrid.scheduler`) moves
+the top-k ratio from measured branch times (:mod:`hybridgen.hybrid.timing`), and
+``three_way`` also streams the oldest host slice over PCIe (:mod:`hybridgen.hybrid.stream_slice`).
+Each option is read once, at bind time, into the step's parts (:mod:`hybridgen.hybrid.parts`);
+what the method allocates per tier is stated once in :mod:`hybridgen.hybrid.memory`.
 
 Shapes: prefill q [B, Hq, T, D], k/v [B, Hkv, T, D]; decode q [B, Hq, 1, D] -> out
 [B, Hq, 1, D]. The full design, every choice where the paper is silent and the measurements
@@ -30,21 +32,21 @@ from hybridgen.attention import attention_logits
 from hybridgen.attention.cuda import softmax_over_parts  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.attention.cpu_scan import resolve_backend, rows_logits, scan_is_exact
-from hybridgen.attention.key_sketch import KeySketch
 from hybridgen.attention.partial import _mask_logits
-from hybridgen.branch_timing import BranchTimer
-from hybridgen.host_branch import HostSelection, host_branch, masked_heads, topk_count
-from hybridgen.host_ship import ShipPacker
+from hybridgen.hybrid.host_branch import HostSelection, host_branch, masked_heads, topk_count
+from hybridgen.hybrid.memory import host_capacity, hybridgen_footprint, hybridgen_placement, window_capacity
+from hybridgen.hybrid.parts import compose
+from hybridgen.hybrid.scheduler import FeedbackScheduler, SchedulerConfig
+from hybridgen.hybrid.speculation import DecodePositions, StandInQuality
+from hybridgen.hybrid.stream_slice import StreamSlices
+from hybridgen.hybrid.timing import BranchTimer
+from hybridgen.hybrid.window import RingWindow
 from hybridgen.kv import KVSegment
-from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.mapping import parse_mapping
+from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.transfer import DeviceToHost, HostToDevice, wait_host
 from hybridgen.methods import Budget, Fraction, KVMethod, MethodContext, NonNegInt, PositiveInt, Range
-from hybridgen.methods.placement import KVShape, as_budget, gpu_share
-from hybridgen.ring_window import RingWindow
-from hybridgen.scheduler import FeedbackScheduler, SchedulerConfig
-from hybridgen.speculation import DecodePositions, StandInQuality, next_layer, stand_in_query
-from hybridgen.stream_slice import StreamSlices
+from hybridgen.methods.footprint import Footprint, KVShape
 
 
 
@@ -110,22 +112,19 @@ class HybridGen(KVMethod):
         super().bind(ctx)
         self.policy = parse_mapping(self.mapping)
         kernel = resolve_backend(self.scan_backend, ctx.dtype)  # validates the name
-        self._exact_scan = scan_is_exact(kernel, ctx.dtype) or self.key_sketch != "none"
         self.pool = ctx.pool or default_pool()
         self.stager = HostToDevice(ctx.compute_device)
         self.q_down = DeviceToHost(ctx.compute_device)  # queries -> pinned per-layer buffers + events
         self.streams = StreamSlices(self.stager, ctx.store["gpu"])  # three-way: streamed prefixes
-        self.packer = ShipPacker(self.stager, self.ship)  # what a layer ships: one pinned buffer, one copy
+        self.parts = compose(self, scan_is_exact(kernel, ctx.dtype))  # the step's variants, chosen once
+        self.packer = self.parts.packer  # what a layer ships: one pinned buffer, one copy
         L = ctx.num_layers
         self.gpu: List[Optional[KVSegment]] = [None] * L
         self.host: List[Optional[KVSegment]] = [None] * L
-        self._sketches: List[Optional[KeySketch]] = [None] * L  # key_sketch: one per host segment
         self.windows: List[Optional[RingWindow]] = [None] * L
         self.n_sinks = 0
         self.scheduler: Optional[FeedbackScheduler] = None
         self._pending: Dict[int, Tuple[Future, Optional[Tensor]]] = {}
-        self._deferred: Optional[Tuple[int, Tensor]] = None
-        self._measure_only: Dict[int, Tensor] = {}
         self._plans: Dict[int, Tuple[int, int, int]] = {}  # layer -> this step's (stream_end, scan_lo, scan_hi)
         self._flows: List[List[int]] = [[0, 0] for _ in range(L)]  # this step's (scanned, streamed) per layer
         self.timer = BranchTimer(L, cuda=self.stager.async_mode)
@@ -143,7 +142,7 @@ class HybridGen(KVMethod):
         cfg = SchedulerConfig(interval=self.sched_interval, per_layer=self.sched_per_layer,
                               adapt_ratio=self.topk_ratio is None, adapt_window=self.adapt_window,
                               adapt_split=self.adapt_split, split_step=self.split_step,
-                              adapt_stream=self.three_way and self.stream_ratio is None)
+                              adapt_stream=self.parts.split.adapts_stream)
         return FeedbackScheduler(cfg, self.ctx.num_layers, gpu_window=window, host_tokens=host_tokens)
 
     def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
@@ -155,18 +154,16 @@ class HybridGen(KVMethod):
         host_end = T - w
         with_mask = valid is not None and not bool(valid.all())
         place = self.policy.placement(layer)
-        max_gpu = gpu_tokens + 1 + (w if self.adapt_split else 0)  # + RingWindow.place_new's spare slot
-        gpu = KVSegment(ctx.store["gpu"], B, H, D, k.dtype, f"layer{layer}/gpu", capacity=max_gpu,
-                        with_mask=with_mask)
+        gpu = KVSegment(ctx.store["gpu"], B, H, D, k.dtype, f"layer{layer}/gpu",
+                        capacity=window_capacity(gpu_tokens, self.sinks, self.adapt_split), with_mask=with_mask)
         # pageable host KV (the CPU scans it; only staging buffers are pinned: docs/design.md, placement)
         host = KVSegment(ctx.store[place.key_tier].view(pinned=False), B, H, D, k.dtype, f"layer{layer}/host",
-                         capacity=max(ctx.max_len - gpu_tokens, 1),
+                         capacity=host_capacity(ctx.max_len, gpu_tokens),
                          value_tier=ctx.store[place.value_tier].view(pinned=False), with_mask=with_mask)
         self.count("bytes_d2h", split_prompt(gpu, host, k, v, valid, s, host_end))
         self.gpu[layer], self.host[layer] = gpu, host
-        if self.key_sketch != "none":
-            self._sketches[layer] = KeySketch(host.key_tier, self.key_sketch, B, H, D, host.capacity,
-                                              f"layer{layer}/host/sketch")
+        self.parts.scan.on_prefill(layer, host)
+        self.parts.split.on_prefill(layer, k, with_mask)
         self.windows[layer] = RingWindow(s, w)
         if layer == 0:
             self.positions.start(valid, B, T, k.device)
@@ -177,10 +174,12 @@ class HybridGen(KVMethod):
         self._drain()
         if getattr(self, "streams", None) is not None:
             self.streams.release()
-        for seg in [*getattr(self, "gpu", []), *getattr(self, "host", []), *getattr(self, "_sketches", [])]:
+        if getattr(self, "parts", None) is not None:
+            self.parts.scan.release()
+        for seg in [*getattr(self, "gpu", []), *getattr(self, "host", [])]:
             if seg is not None:
                 seg.release()
-        self.gpu, self.host, self._sketches = [], [], []
+        self.gpu, self.host = [], []
 
     def _drain(self) -> None:
         for fut, _ in getattr(self, "_pending", {}).values():
@@ -189,8 +188,8 @@ class HybridGen(KVMethod):
             except Exception:  # noqa: BLE001 - a failed speculative scan is simply dropped
                 pass
         self._pending = {}
-        self._deferred = None
-        self._measure_only = {}
+        if getattr(self, "parts", None) is not None:
+            self.parts.lookahead.reset()
         self._plans = {}
         if getattr(self, "streams", None) is not None:
             self.streams.drop_pending()  # a copy planned for a layer that was not decoded
@@ -199,22 +198,14 @@ class HybridGen(KVMethod):
     def _ratio(self, layer: int) -> float:
         return self.topk_ratio if self.topk_ratio is not None else self.scheduler.ratio(layer)
 
-    def _stream_ratio(self, layer: int) -> float:
-        """Share of ``layer``'s host tokens streamed to the GPU (0 unless three-way)."""
-        if not self.three_way:
-            return 0.0
-        if self.stream_ratio is not None:
-            return self.stream_ratio
-        return self.scheduler.stream_fraction(layer) if self.scheduler is not None else SchedulerConfig().start_stream
-
-    def _scan_range(self, layer: int) -> Tuple[int, int, int]:
+    def scan_range(self, layer: int) -> Tuple[int, int, int]:
         """(stream_end, scan_lo, scan_hi): host tokens [0, stream_end) are streamed (three-way),
         [scan_lo, scan_hi) are scanned by the CPU. Fixed at its first use in a step (a prefetch
         or a scan started a layer ahead) until the layer's decode ends, so both agree."""
         plan = self._plans.get(layer)
         if plan is None:
             n = self.host[layer].length
-            n_stream = int(math.floor(self._stream_ratio(layer) * n))
+            n_stream = int(math.floor(self.parts.split.fraction(layer) * n))
             lo = n_stream
             win = self.scheduler.scan_window(layer) if self.scheduler is not None else None
             if win is not None:
@@ -251,118 +242,52 @@ class HybridGen(KVMethod):
         B, Hq, D = q_host.shape[0], q_host.shape[1], q_host.shape[-1]
         Hsel = Hq if self.per_head else self.ctx.num_kv_heads
         views = self.packer.views((layer, "ship"), B, Hq, Hsel, min(k, hi - lo), D, host.v.dtype)
-        sketch = self._sketches[layer]
-        if sketch is not None:
-            sketch.sync(host.k)
         sel = host_branch(q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k, self.per_head,
                           mask=mask, keep_keys=keep_keys, backend=self.scan_backend,
                           topk_backend=self.topk_backend, group_score=self.group_score, v_out=views.get("v"),
-                          pool=self.pool, sketch=sketch, sketch_offset=lo, oversample=self.sketch_oversample)
+                          pool=self.pool, sketch=self.parts.scan.sketch(layer, host), sketch_offset=lo,
+                          oversample=self.sketch_oversample)
         sel.offset = lo
         shipped, ev = self._finish(layer, sel, q_host, views) if true_query else (None, None)
         return sel, time.perf_counter() - t0, shipped, ev, views
 
-    def _submit(self, layer: int, q: Tensor, speculative: bool) -> None:
+    def submit(self, layer: int, q: Tensor, speculative: bool) -> None:
         # key rows are kept when the softmax logits must be recomputed from the true query
-        keep_keys = (not self.speculative_logits) if speculative else not self._exact_scan
+        keep_keys = self.parts.logits.keep_keys if speculative else not self.parts.scan.exact
         self.count("bytes_d2h", q.numel() * q.element_size())
         q_host, q_ready = self.q_down.send(layer, q)  # preallocated pinned buffer + event on CUDA
-        _, lo, hi = self._scan_range(layer)
+        _, lo, hi = self.scan_range(layer)
         fut = self.pool.submit(self._cpu_task, layer, q_host, q_ready, keep_keys, lo, hi, not speculative)
         self._pending[layer] = (fut, q if speculative else None)
         if speculative:
             self.count("speculative_scans", 1)
 
-    def _prefetch_stream(self, layer: int) -> None:
-        """Three-way: start copying ``layer``'s streamed prefix (no-op when started or empty)."""
-        if not self.three_way or layer >= self.ctx.num_layers or self.host[layer] is None:
-            return
-        n_stream, _, _ = self._scan_range(layer)
-        if n_stream and not self.streams.pending(layer):
-            self.count("bytes_h2d", self.streams.start(layer, self.host[layer], n_stream))
-
     def on_layer_input(self, layer: int, hidden: Tensor) -> None:
         self.timer.close_layer()
-        if self.three_way and hidden.shape[1] == 1:  # this layer's slice (if not yet) and the next one's
-            self._prefetch_stream(layer)
-            self._prefetch_stream(layer + 1)
-        nxt = next_layer(self.ctx, layer)
-        if (not self.pipeline or nxt is None or hidden.shape[1] != 1
-                or self.host[nxt] is None or self.host[nxt].length == 0):
-            return
-        q_s = stand_in_query(self.ctx, nxt, hidden, self.positions.current())
-        if not self.quality.trusted(nxt):
-            self._measure_only[nxt] = q_s  # keep measuring the cosine; scan with the true query
-        elif layer == 0:
-            self._deferred = (nxt, q_s)  # submitted after layer 0's own (true-query) scan
-        else:
-            self._submit(nxt, q_s, speculative=True)
+        if hidden.shape[1] == 1:  # three-way: this layer's slice (if not yet) and the next one's
+            self.parts.split.prefetch(layer)
+            self.parts.split.prefetch(layer + 1)
+        self.parts.lookahead.on_layer_input(layer, hidden)
 
     # ------------------------------------------------------------------ decode
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        ctx = self.ctx
-        gpu, host = self.gpu[layer], self.host[layer]
-        Hkv, scale = ctx.num_kv_heads, ctx.scale
+        gpu, host, win = self.gpu[layer], self.host[layer], self.windows[layer]
+        Hkv, scale = self.ctx.num_kv_heads, self.ctx.scale
         t_start = self.timer.clock()
         has_host = host.length > 0
-        stand_in = q_true = q_true_ready = None
-        if has_host:
-            if layer in self._pending:
-                stand_in = self._pending[layer][1]
-                if not self.speculative_logits:  # the true query goes down now, read after the GPU branch
-                    q_true, q_true_ready = self.q_down.send((layer, "true"), q)
-                    self.count("bytes_d2h", q.numel() * q.element_size())
-            else:
-                self._submit(layer, q, speculative=False)
-        if self._deferred is not None:
-            self._submit(self._deferred[0], self._deferred[1], speculative=True)
-            self._deferred = None
-        measured = self._measure_only.pop(layer, None)
-        if measured is not None:
-            self.quality.record(layer, measured, q)
-
+        q_true = self._start_host_branch(layer, q) if has_host else None
+        self.parts.lookahead.at_layer(layer, q)  # the next layer's deferred scan; stand-in measures
         # GPU branch: the streamed slice (three-way), window + sinks + the new token (placed first)
-        parts = []
-        n_stream = 0
-        if self.three_way and has_host:
-            self._prefetch_stream(layer)  # no-op when on_layer_input started it a layer ahead
-            n_stream = self._scan_range(layer)[0]
-            if n_stream:
-                ks, vs, ms = self.streams.get(layer)
-                parts.append((_mask_logits(attention_logits(q, ks, scale), ms, Hkv), vs))
-                self.count("streamed_tokens", n_stream)
-        in_gpu = self.windows[layer].place_new(gpu, k, v)  # False with no window: attended as its own part
+        parts = self.parts.split.streamed_parts(layer, q) if has_host else []
+        in_gpu = win.place_new(gpu, k, v)  # False with no window: attended as its own part
         parts.append((_mask_logits(attention_logits(q, gpu.k, scale), gpu.mask, Hkv), gpu.v))
         if not in_gpu:
             parts.append((attention_logits(q, k, scale), v))
         t_gpu = self.timer.clock()
-
-        if has_host:
-            fut, _ = self._pending.pop(layer)
-            sel, task_s, shipped, ev, views = fut.result()
-            self.last_selection[layer] = (sel.offset, sel.idx)
-            t_exact = time.perf_counter()
-            if shipped is None:  # a speculative scan: finish it with the true query here
-                self.quality.record(layer, stand_in, q)
-                wait_host(q_true_ready)
-                shipped, ev = self._finish(layer, sel, q_true, views)
-            exact_s = time.perf_counter() - t_exact
-            self.stager.wait_event(ev)
-            parts.insert(0, self.packer.softmax_part(shipped))
-            nbytes = sum(t.numel() * t.element_size() for t in shipped.values())
-            self.count("bytes_h2d", nbytes)
-            self.count("ship_bytes", nbytes)
-            self.count("topk_selected", sel.idx.shape[-1])
-            for part in ("scan", "topk", "gather"):  # the CPU branch's own split (seconds, all layers)
-                self.count(f"cpu_{part}_s", getattr(sel, f"{part}_s"))
-            self.count("host_tokens_scanned", host.length)
-            self.timer.add_cpu(layer, task_s + exact_s)
-            flow = self._flows[layer]
-            flow[0] += host.length - sel.offset
-            flow[1] += n_stream
+        if has_host:  # the CPU branch's shipped part, first
+            parts.insert(0, self._host_part(layer, q, q_true))
         out = softmax_over_parts(parts, Hkv).to(q.dtype)
         self._plans.pop(layer, None)
-        win = self.windows[layer]
         moved = win.settle(gpu, host) if in_gpu else win.place(gpu, host, k, v)
         if moved:
             self.count("bytes_d2h", moved)
@@ -370,6 +295,42 @@ class HybridGen(KVMethod):
         self.timer.add_gpu(layer, t_start, t_gpu)
         self.timer.layer_done(layer, end)
         return out
+
+    def _start_host_branch(self, layer: int, q: Tensor) -> Tuple[Optional[Tensor], Any]:
+        """Start ``layer``'s CPU branch with the true query q, or, when a scan with a stand-in
+        query is already running, send q down for its exact logits. Returns (q on the host or
+        None, its copy event)."""
+        if layer in self._pending:  # read after the GPU branch
+            return self.parts.logits.send(layer, q)
+        self.submit(layer, q, speculative=False)
+        return None, None
+
+    def _host_part(self, layer: int, q: Tensor, q_true: Tuple[Optional[Tensor], Any]) -> Tuple[Tensor, Tensor]:
+        """Wait for ``layer``'s CPU branch (finishing a speculative scan with the true query
+        ``q_true`` = (host tensor, copy event)) and return its shipped softmax part."""
+        host = self.host[layer]
+        fut, stand_in = self._pending.pop(layer)
+        sel, task_s, shipped, ev, views = fut.result()
+        self.last_selection[layer] = (sel.offset, sel.idx)
+        t_exact = time.perf_counter()
+        if shipped is None:  # a speculative scan: finish it with the true query here
+            self.quality.record(layer, stand_in, q)
+            wait_host(q_true[1])
+            shipped, ev = self._finish(layer, sel, q_true[0], views)
+        exact_s = time.perf_counter() - t_exact
+        self.stager.wait_event(ev)
+        nbytes = sum(t.numel() * t.element_size() for t in shipped.values())
+        self.count("bytes_h2d", nbytes)
+        self.count("ship_bytes", nbytes)
+        self.count("topk_selected", sel.idx.shape[-1])
+        for part in ("scan", "topk", "gather"):  # the CPU branch's own split (seconds, all layers)
+            self.count(f"cpu_{part}_s", getattr(sel, f"{part}_s"))
+        self.count("host_tokens_scanned", host.length)
+        self.timer.add_cpu(layer, task_s + exact_s)
+        flow = self._flows[layer]
+        flow[0] += host.length - sel.offset
+        flow[1] += self.scan_range(layer)[0]
+        return self.packer.softmax_part(shipped)
 
     def ship_bytes_per_step(self) -> float:
         """Mean bytes the CPU branch shipped over PCIe per decode step (all layers; streamed
@@ -416,27 +377,17 @@ class HybridGen(KVMethod):
         if moved:
             self.count("bytes_d2h", moved)
 
-    # ------------------------------------------------------------------ performance model
+    # ------------------------------------------------------------------ memory, performance model
+    def footprint(self, shape: "KVShape") -> Footprint:
+        """What this method allocates per tier on ``shape`` (:func:`hybridgen.hybrid.memory.hybridgen_footprint`)."""
+        return hybridgen_footprint(self, shape)
+
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """The GPU window that fits the budget after two layers of shipped rows (topk_ratio, or the
-        scheduler's max_ratio, of the context); half of it when the split adapts or streams."""
-        ratio = self.topk_ratio if self.topk_ratio is not None else SchedulerConfig().max_ratio
-        room = gpu_kv_bytes - 2 * shape.batch * math.ceil(ratio * shape.context) * shape.token_bytes
-        room = max(0, room) // (2 if (self.adapt_split or self.three_way) else 1)
-        return {"gpu_budget": as_budget(gpu_share(room, shape, per_layer_spare=1))}
+        """The largest GPU share whose footprint fits (:func:`hybridgen.hybrid.memory.hybridgen_placement`)."""
+        return hybridgen_placement(self, gpu_kv_bytes, shape)
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: :func:`hybridgen.perf.costs.hybridgen_cost`, with the ``ship`` and
-        three-way options priced by :func:`~hybridgen.perf.costs.hybridgen_variant_cost`;
-        topk_ratio None prices the scheduler's start ratio, stream_ratio None the balanced split."""
-        from hybridgen.perf.costs import hybridgen_cost, hybridgen_variant_cost
+        """PROJECTED layer cost (:func:`hybridgen.hybrid.cost.hybridgen_layer_cost`)."""
+        from hybridgen.hybrid.cost import hybridgen_layer_cost  # lazy: the cost needs the perf package
 
-        ratio = self.topk_ratio if self.topk_ratio is not None else SchedulerConfig().start_ratio
-        # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
-        kw = dict(per_head=self.per_head, pipelined=self.pipeline, mapping=self.mapping, pinned=False,
-                  key_sketch=None if self.key_sketch == "none" else self.key_sketch,
-                  oversample=self.sketch_oversample)
-        if self.ship == "logits" and not self.three_way:
-            return hybridgen_cost(c, self.gpu_budget, ratio, **kw)
-        return hybridgen_variant_cost(c, self.gpu_budget, ratio, ship=self.ship, three_way=self.three_way,
-                                      stream_ratio=self.stream_ratio, **kw)
+        return hybridgen_layer_cost(self, c)

@@ -25,6 +25,7 @@ Choices where the paper is silent (it has no lossless mode; this is our extensio
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar, Deque, List, Optional
@@ -34,10 +35,13 @@ from torch import Tensor
 from hybridgen.attention import merge_partials
 from hybridgen.attention.cuda import partial_attention  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
+from hybridgen.hybrid.memory import hybrid_exact_footprint
 from hybridgen.kv import KVSegment
 from hybridgen.kv.segment import split_prompt
 from hybridgen.kv.transfer import DeviceToHost, after_copy
 from hybridgen.methods import Budget, HostTier, KVMethod, MethodContext, NonNegInt
+from hybridgen.methods.footprint import Footprint, KVShape, fit_share
+from hybridgen.methods.placement import as_budget
 
 
 @dataclass
@@ -131,14 +135,20 @@ class HybridExact(KVMethod):
                 seg.release()
         self.gpu, self.host = [], []
 
-    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """The gpu share (tokens per layer) that fits the budget; the rest on the host tiers."""
-        from hybridgen.methods.placement import as_budget, gpu_share
+    def footprint(self, shape: "KVShape") -> "Footprint":
+        """What this method allocates per tier (:func:`hybridgen.hybrid.memory.hybrid_exact_footprint`)."""
+        return hybrid_exact_footprint(self, shape)
 
-        return {"gpu_budget": as_budget(gpu_share(gpu_kv_bytes, shape))}
+    def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
+        """The largest gpu share (tokens per layer) whose footprint fits; the rest on the host tiers."""
+        return fit_share(self, gpu_kv_bytes, shape, lambda n: {"gpu_budget": as_budget(n)})
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: CPU attention over the host KV || GPU over its part, LSE merge."""
+        """PROJECTED layer cost: CPU attention over the host KV || GPU over its part, LSE merge;
+        its gpu_tokens are the footprint's."""
+        from hybridgen.methods.footprint import with_memory
         from hybridgen.perf.costs import cpu_attention_split_cost
 
-        return cpu_attention_split_cost(c, self.gpu_budget, merge=True, mapping=(self.key_tier, self.value_tier))
+        cost = cpu_attention_split_cost(c, self.gpu_budget, merge=True, mapping=(self.key_tier, self.value_tier))
+        shape = c.kv_shape()
+        return with_memory(cost, self.footprint(shape), shape)

@@ -107,8 +107,10 @@ class RingWindow:
             moved = 2 * gpu.k[:, :, old].numel() * gpu.k.element_size()
         keep = list(range(s)) + order[drop:]
         B, H = gpu.shape[0], gpu.shape[1]
-        gpu.keep(torch.tensor(keep, device=gpu.device).expand(B, H, len(keep)))
-        gpu.reserve(s + new_window + 1)  # + the spare slot of place_new
+        # the segment keeps its capacity (sized for the largest window), at least the new
+        # window + the spare slot of place_new
+        gpu.keep(torch.tensor(keep, device=gpu.device).expand(B, H, len(keep)),
+                 capacity=max(gpu.capacity, s + new_window + 1))
         self.window = new_window
         self.ring = 0
         return moved
