@@ -17,9 +17,9 @@ One job per module:
   each method's ``layer_cost(c)`` calls one with its own parameters (None = not modelled);
 - :mod:`~hybridgen.perf.predict`: :func:`predict_step` scales a layer to the model;
 - :mod:`~hybridgen.perf.compare`: projected vs measured error tables (:func:`compare_to_measured`);
-- :mod:`~hybridgen.perf.validate`: the model checked against measurements,
-  ``python -m hybridgen.perf.validate --json FILE`` (rows from :mod:`~hybridgen.perf.probe_rows`,
-  the H200-host probe files, and :mod:`~hybridgen.perf.local_rows`, runs on this machine).
+- :mod:`~hybridgen_harness.perf.validate`: the model checked against measurements,
+  ``python -m hybridgen_harness.perf.validate --json FILE`` (rows from :mod:`~hybridgen_harness.perf.probe_rows`,
+  the H200-host probe files, and :mod:`~hybridgen_harness.perf.local_rows`, runs on this machine).
 
     >>> from hybridgen.methods import build_method
     >>> p = predict_step(build_method("hybridgen", topk_ratio=0.05), "llama-3.1-8b", Workload(), "h200-host")
