@@ -112,7 +112,7 @@ def test_projected_gpu_memory_within_the_budget(model, gpu, batch, prompt):
             p = predict_step(build_method(name, **params), model, w, gpu)
             from hybridgen.perf.context import CostContext
             from hybridgen.perf.profiles import load_profile
-            from hybridgen.perf.shapes import as_model_shape
+            from hybridgen.shapes import as_model_shape
 
             weights = CostContext(as_model_shape(model), w, load_profile(gpu)).weights_bytes
             kv_on_gpu = p.breakdown["gpu_resident_bytes"] - weights

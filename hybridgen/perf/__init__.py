@@ -9,7 +9,8 @@ One job per module:
 
 - :mod:`~hybridgen.perf.profiles`: the hardware-profile schema, ``extends`` merging, loading
   and validation (``available_profiles``, ``load_profile``, ``profile_from_dict``);
-- :mod:`~hybridgen.perf.shapes`: :class:`ModelShape` (architecture) and :class:`Workload`
+- :mod:`hybridgen.shapes` (below the methods, which size their footprints with it; re-exported
+  here): :class:`ModelShape` (architecture) and :class:`Workload`
   (batch, context, dtype, mapping override: what the run decides);
 - :mod:`~hybridgen.perf.context`: :class:`CostContext` (shared quantities and device / host
   primitives) and :class:`LayerCost` (what a cost returns);
@@ -31,7 +32,7 @@ from hybridgen.perf.costs import (cpu_attention_split_cost, flexgen_stream_cost,
 from hybridgen.perf.predict import NotModelled, StepPrediction, fastest_setting, predict_step
 from hybridgen.perf.profiles import (PROFILE_DIR, CXLSpec, GPUSpec, HardwareProfile, HostSpec, LinkSpec, NodeSpec,
                                      available_profiles, load_profile, profile_from_dict)
-from hybridgen.perf.shapes import DTYPE_BYTES, MAPPINGS, ModelShape, Workload, as_model_shape
+from hybridgen.shapes import DTYPE_BYTES, MAPPINGS, ModelShape, Workload, as_model_shape
 from hybridgen.perf.compare import ErrorRow, ErrorTable, compare_to_measured
 
 __all__ = ["fastest_setting", 

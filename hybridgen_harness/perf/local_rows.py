@@ -35,7 +35,7 @@ import torch
 from hybridgen.perf.predict import predict_step
 from hybridgen_harness.perf.probe_rows import Row
 from hybridgen.perf.profiles import HardwareProfile, profile_from_dict
-from hybridgen.perf.shapes import ModelShape, Workload
+from hybridgen.shapes import ModelShape, Workload
 
 SOURCE = "this-machine"
 GPU_BUDGET = 0.1
