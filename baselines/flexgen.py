@@ -72,8 +72,8 @@ class FlexGen(TieredMethod):
     """
 
     name: ClassVar[str] = "flexgen"
-    # the per-layer runs `python -m hybridgen.perf.validate` times against the projection
-    # (hybridgen.perf.local_rows.validation_methods): (row label, parameters on top of its gpu share)
+    # the per-layer runs `python -m hybridgen_harness.perf.validate` times against the projection
+    # (hybridgen_harness.perf.local_rows.validation_methods): (row label, parameters on top of its gpu share)
     validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (
         ("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}))
     gpu_budget: Budget = Budget(ratio=0.0)

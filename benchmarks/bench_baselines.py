@@ -49,7 +49,7 @@ from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 from hybridgen.eval.fidelity import fidelity  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import available_methods, build_method, method_parameters  # noqa: E402
-from hybridgen.result_tables import format_table  # noqa: E402
+from hybridgen_harness.result_tables import format_table  # noqa: E402
 
 MiB = 2 ** 20
 

@@ -50,7 +50,7 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.errors import cli_errors  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import Budget, KVMethod, MethodContext, build_method  # noqa: E402
-from hybridgen.result_tables import format_table  # noqa: E402
+from hybridgen_harness.result_tables import format_table  # noqa: E402
 from hybridgen.timing import median_interleaved  # noqa: E402
 
 

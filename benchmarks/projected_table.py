@@ -20,7 +20,7 @@ with a CXL node, plus the H200 host whose measured table ``bench_gpu.py`` produc
 
 Nothing here is measured: every table and file is labelled PROJECTED. The model's formulas
 and the profiles' sources are in ``hybridgen/perf/`` and ``hybridgen/profiles``; its measured
-error is in ``results/perfmodel/validation.md`` (``python -m hybridgen.perf.validate``).
+error is in ``results/perfmodel/validation.md`` (``python -m hybridgen_harness.perf.validate``).
 """
 from __future__ import annotations
 

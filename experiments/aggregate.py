@@ -19,7 +19,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
-from hybridgen.result_tables import aggregate  # noqa: E402
+from hybridgen_harness.result_tables import aggregate  # noqa: E402
 
 
 @cli_errors

@@ -131,7 +131,7 @@ def point(m: Dict[str, Any], validation: Optional[Dict[str, Any]]) -> Dict[str, 
 
 
 def load_points(root: Path, validation: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
-    from hybridgen.results import ResultsStore, load_run
+    from hybridgen_harness.results import ResultsStore, load_run
 
     store = ResultsStore(root, EXP)
     pts = [point(load_run(d), validation) for d in store.finished_runs()]
@@ -308,7 +308,7 @@ def main(argv=None) -> None:
     p.add_argument("--validation", default=str(_ROOT / "results" / "perfmodel" / "validation.json"))
     args = p.parse_args(argv)
     from hybridgen.eval.provenance import code_version
-    from hybridgen.results import write_json
+    from hybridgen_harness.results import write_json
 
     vpath = Path(args.validation)
     validation = json.loads(vpath.read_text()) if vpath.is_file() else None

@@ -1,5 +1,5 @@
 """What a run point is: its method (with the placement derived from memory.gpu_kv), its
-identity and its run name (hybridgen.results names the directory from these).
+identity and its run name (hybridgen_harness.results names the directory from these).
 
 Shared by the runner (experiments/runner.py), the preflight check and the validation of a
 sweep's points (experiments/validate.py).
@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridgen.results import hardware_part, run_name
+from hybridgen_harness.results import hardware_part, run_name
 
 
 def placement(cfg: DictConfig) -> Optional[Any]:

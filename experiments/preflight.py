@@ -127,7 +127,7 @@ def resolve(master: DictConfig, config_loader, points: Sequence[Sequence[str]]) 
 
 def check_results_dirs(cfgs: Sequence[DictConfig]) -> None:
     """An unwritable results_dir is refused before any measurement, not after."""
-    from hybridgen.results import check_writable
+    from hybridgen_harness.results import check_writable
 
     for root in sorted({str(c.results_dir) for c in cfgs}):
         check_writable(root)

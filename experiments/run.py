@@ -13,7 +13,7 @@ Before the first job, every point is composed and validated (experiments/preflig
 callback): a misspelt key, an unknown method or parameter, a bad value -> one line on stderr,
 exit status 2. Finished runs are skipped (``force=true`` replaces them), so re-running an
 interrupted sweep completes only what is missing. Results: outputs/<exp>/<run-name>/ by default
-(results_dir=...; see hybridgen/results.py); ``python experiments/aggregate.py <exp>`` collects
+(results_dir=...; see hybridgen_harness/results.py); ``python experiments/aggregate.py <exp>`` collects
 them into one table. An unwritable results_dir is refused before anything runs. A point that
 fails at run time (a capacity, a damaged model, NaN logits) prints one line and the others still
 run (the table shows it as failed, exit status 2); ``fail_fast=true`` stops at the first failure.
@@ -129,7 +129,7 @@ def _report() -> int:
     from experiments import runner
     from experiments.point import name_of
     from experiments.session import Outcome
-    from hybridgen.results import ResultsStore, load_run
+    from hybridgen_harness.results import ResultsStore, load_run
 
     points = preflight.PLAN.points
     outcomes = [o for _, o in sorted(_OUTCOMES.items())]
@@ -176,7 +176,7 @@ def _point_name(cfg) -> str:
 
 def _print_samples(results_dir, exp, outcomes, width: int = 100) -> None:
     """One line per finished run: the start of its first generated text (row 0 of the batch)."""
-    from hybridgen.results import ResultsStore, load_run
+    from hybridgen_harness.results import ResultsStore, load_run
 
     store = ResultsStore(results_dir, exp)
     lines = []

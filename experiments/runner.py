@@ -1,6 +1,6 @@
 """Execute run points: generation (timed) or accuracy (lm-eval), written to the results store.
 
-One point = one run directory ``results/<exp>/<run-name>/`` (see hybridgen.results; its
+One point = one run directory ``results/<exp>/<run-name>/`` (see hybridgen_harness.results; its
 name and identity: experiments/point.py). A :class:`experiments.session.Session` keeps the
 loaded engine and reference generations between points; the process's one
 (:func:`experiments.session.shared_session`) outlives a Hydra job, so the jobs of a sweep that
@@ -36,8 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.point import build, key_params, name_of, placement_refusal, realized, store_capacities
 from experiments.session import Outcome, Session
 from hybridgen.errors import HybridGenError
-from hybridgen.result_tables import format_table
-from hybridgen.results import CONFIG, ResultsStore, write_json
+from hybridgen_harness.result_tables import format_table
+from hybridgen_harness.results import CONFIG, ResultsStore, write_json
 
 
 # ----------------------------------------------------------------------------- one point
@@ -227,7 +227,7 @@ def _projected_columns(pr: Dict[str, Any]) -> Dict[str, Any]:
 def _skipped(cfg: DictConfig, session: Session, store: ResultsStore, name: str, why: str = "done") -> Outcome:
     """The Outcome of a finished run that is reused; a run measured at another commit says so."""
     from hybridgen.eval.provenance import code_version, describe_version, same_code
-    from hybridgen.results import load_run
+    from hybridgen_harness.results import load_run
 
     m = load_run(store.run_dir(name))
     then = (m.get("run") or {}).get("code") or (m.get("environment") or {}).get("git")
@@ -243,7 +243,7 @@ def _skipped(cfg: DictConfig, session: Session, store: ResultsStore, name: str, 
 def run_point(cfg: DictConfig, session: Session, overrides: List[str] = ()) -> Outcome:
     """Run one point unless it is finished (force=true replaces it).
 
-    The run's lock is held from the skip check to the rename (hybridgen.results): an identical
+    The run's lock is held from the skip check to the rename (hybridgen_harness.results): an identical
     run in another process waits for it, then skips. A finished run from another commit is
     reused with a note (see hybridgen.eval.provenance). A HybridGenError (user error: capacity,
     missing data, non-finite numbers...) propagates (nothing is written); any other exception

@@ -16,6 +16,7 @@ Choices (documented here because the paper is silent):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -24,6 +25,7 @@ WEIGHTS = ("real", "random", "dummy")
 DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("essays", "pg-text", "pydoc", "random")
 KINDS = ("generate", "accuracy", "project")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass
@@ -169,6 +171,30 @@ class RunConfig:
 
 
 def register_configs() -> None:
-    """Register the schema so conf/config.yaml can extend it (idempotent)."""
+    """Register the schema so conf/config.yaml can extend it, and every registered method as an
+    option of the ``method`` group (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
+    register_method_options(cs)
+
+
+def register_method_options(cs: ConfigStore) -> List[str]:
+    """One ``method`` group option per registered method without a preset file in conf/method, so
+    ``method=NAME``, ``'method=glob(*)'`` and ``--help`` see a method that an installed package
+    declares only by its entry point. Returns the names stored.
+
+    The option is ``{name: NAME, params: {}}``, what a preset with no overrides says: the
+    method's dataclass supplies its defaults when it is built (stating them here would make them
+    explicit and stop a ``memory.gpu_kv`` placement from deriving them). A preset file of the
+    same name on the search path (``--config-dir``) wins over it (Hydra then warns that it
+    validates the file against this entry). Only the names are read (the packages' metadata); a
+    method's module loads when a run builds it, so a broken third-party method fails that run
+    in one line, not every command.
+    """
+    from hybridgen.methods import available_methods
+
+    presets = {p.stem for p in (CONF_DIR / "method").glob("*.yaml")}
+    stored = [name for name in available_methods() if name not in presets]
+    for name in stored:
+        cs.store(group="method", name=name, node=MethodConf(name=name), provider="hybridgen.methods")
+    return stored

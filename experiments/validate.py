@@ -8,14 +8,12 @@ sweep before the first one runs.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.schema import CONF_DIR
 from hybridgen.errors import ConfigError, HybridGenError
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _first_line(err: BaseException) -> str:
@@ -163,7 +161,8 @@ def friendly_error(err: BaseException, overrides: Sequence[str] = ()) -> str:
 
 def group_options(group: str) -> List[str]:
     """The options of a config group on Hydra's search path (``--config-dir`` and
-    ``hydra.searchpath`` included while Hydra runs), else those under conf/."""
+    ``hydra.searchpath`` included while Hydra runs), else those under conf/ (and, for ``method``,
+    every registered method)."""
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
@@ -171,7 +170,12 @@ def group_options(group: str) -> List[str]:
             return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
         except Exception:  # noqa: BLE001 - a listing is a hint only
             pass
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if (CONF_DIR / group).is_dir() else []
+    names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")} if (CONF_DIR / group).is_dir() else set()
+    if group == "method":  # experiments.schema.register_method_options adds them while Hydra runs
+        from hybridgen.methods import available_methods
+
+        names |= set(available_methods())
+    return sorted(names)
 
 
 def _method_param_error(param: str, overrides: Sequence[str]) -> str:

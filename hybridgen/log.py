@@ -25,8 +25,8 @@ ROOT = "hybridgen"
 ENV = "HYBRIDGEN_LOG_LEVEL"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "quiet": logging.ERROR,
           "error": logging.ERROR, "critical": logging.CRITICAL}
-#: loggers :func:`setup` configures: the library's, and the harness scripts' (experiments/, benchmarks/)
-NAMES = (ROOT, "experiments", "benchmarks", "baselines")
+#: loggers :func:`setup` configures: the library's, and the harness's (hybridgen_harness/, experiments/, benchmarks/)
+NAMES = (ROOT, "hybridgen_harness", "experiments", "benchmarks", "baselines")
 _HANDLER_FLAG = "_hybridgen_handler"
 
 

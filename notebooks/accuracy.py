@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from hybridgen.eval import plotdata
+from hybridgen_harness import plotdata
 
 acc = plotdata.runs("accuracy")
 

@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hybridgen.eval import plotdata
+from hybridgen_harness import plotdata
 
 path = plotdata.results_dir() / "cpu_scan" / "quick.json"
 data = plotdata.load_json(path) if path.exists() else None

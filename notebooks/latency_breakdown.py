@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from hybridgen.eval import plotdata
+from hybridgen_harness import plotdata
 
 PCIE_GBPS = {"PCIe Gen5 x16 (55 GB/s pinned, measured on H200)": 55e9}
 frames = [d for d in (plotdata.runs(e) for e in ("speedup", "prompt_sweep", "scheduler_trace")) if d is not None]

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from hybridgen.eval import plotdata
+from hybridgen_harness import plotdata
 
 cells = {}
 for d in plotdata.run_dirs("accuracy"):

@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hybridgen.eval import plotdata
+from hybridgen_harness import plotdata
 
 traces = []
 for d in plotdata.run_dirs("scheduler_trace"):

@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hybridgen.eval import plotdata
+from hybridgen_harness import plotdata
 
 df = plotdata.runs("speedup")
 

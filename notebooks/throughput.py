@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hybridgen.eval import plotdata
+from hybridgen_harness import plotdata
 
 prompt = plotdata.runs("prompt_sweep")
 batch = plotdata.runs("batch_sweep")

@@ -26,7 +26,7 @@ def write_checkpoint(path: Path, seed: int = 0, lm_head_value: float = None) -> 
     from safetensors.torch import save_file
 
     from hybridgen.model.spec import ModelSpec
-    from hybridgen.model.weights import hf_param_shapes
+    from hybridgen.model.hf_layout import hf_param_shapes
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

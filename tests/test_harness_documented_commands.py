@@ -82,7 +82,7 @@ DOCUMENTED: Dict[str, Claim] = {
     "+exp=NAME [overrides]": Claim(
         covered_by="tests/test_harness_config.py::test_every_experiment_composes_and_validates"),
     # README.md: a method that is only an entry point of another package (a stand-in here).
-    "method.name=pyramidkv method.params.budget=0.1": Claim(
+    "method=pyramidkv method.params.budget=0.1": Claim(
         standin="pyramidkv", values={"method.name": "pyramidkv", "method.params.budget": 0.1}),
     # conf/exp/quickstart.yaml, experiments/README.md, Makefile (`make quickstart` writes the committed results/).
     "+exp=quickstart": Claim(

@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hybridgen import results  # noqa: E402
+from hybridgen_harness import results  # noqa: E402
 from tests.test_harness_results import ENV, TINY  # noqa: E402
 
 

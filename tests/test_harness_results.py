@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hybridgen import result_tables, results  # noqa: E402
+from hybridgen_harness import result_tables, results  # noqa: E402
 from hybridgen.errors import ConfigError  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments import preflight  # noqa: E402
-from hybridgen import results  # noqa: E402
+from hybridgen_harness import results  # noqa: E402
 from hybridgen.errors import ConfigError  # noqa: E402
 from tests.test_harness_results import ENV  # noqa: E402
 

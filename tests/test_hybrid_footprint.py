@@ -18,7 +18,7 @@ from hybridgen.model import load_model
 from hybridgen.perf import Workload
 from hybridgen.perf.context import CostContext
 from hybridgen.perf.profiles import load_profile
-from hybridgen.perf.shapes import as_model_shape
+from hybridgen.shapes import as_model_shape
 
 B, T, N = 2, 150, 6
 VARIANTS = [

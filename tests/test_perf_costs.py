@@ -126,7 +126,7 @@ def test_hybridgen_key_sketch_prices_fewer_scanned_bytes_and_the_rerank():
     from hybridgen.hybrid import HybridGen
     from hybridgen.perf import predict_step
     from hybridgen.perf.profiles import load_profile
-    from hybridgen.perf.shapes import Workload
+    from hybridgen.shapes import Workload
 
     hw = load_profile("h200-host")
     work = Workload(batch=8, context=32768, dtype="bf16")
@@ -135,7 +135,7 @@ def test_hybridgen_key_sketch_prices_fewer_scanned_bytes_and_the_rerank():
     sk = predict_step(dataclasses.replace(base, key_sketch="int4"), "llama-3.1-8b", work, hw).breakdown
     ratio = sketch_bytes_per_token("int4", 128) / (128 * 2)
     from hybridgen.attention.key_sketch import SKETCH_BLOCK
-    from hybridgen.perf.shapes import as_model_shape
+    from hybridgen.shapes import as_model_shape
 
     S_h = pm.CostContext(as_model_shape("llama-3.1-8b"), work, hw).split(base.gpu_budget)[1]
 

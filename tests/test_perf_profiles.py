@@ -87,7 +87,7 @@ def test_profile_file_roundtrip(tmp_path):
 
 
 def test_missing_profile_file_is_a_user_error(tmp_path):
-    with pytest.raises(HybridGenError, match="hybridgen.profile"):
+    with pytest.raises(HybridGenError, match="hybridgen_harness.profile"):
         pm.load_profile(str(tmp_path / "nope.json"))
 
 

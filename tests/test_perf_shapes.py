@@ -1,4 +1,4 @@
-"""hybridgen.perf.shapes: model shapes from specs and names; workload checks."""
+"""hybridgen.shapes: model shapes from specs and names; workload checks."""
 from __future__ import annotations
 
 import pytest

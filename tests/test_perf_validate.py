@@ -1,4 +1,4 @@
-"""hybridgen.perf.validate: projected vs measured error tables and the validation command."""
+"""hybridgen_harness.perf.validate: projected vs measured error tables and the validation command."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hybridgen import perf as pm
-from hybridgen.perf import probe_rows, validate
+from hybridgen_harness.perf import probe_rows, validate
 
 LLAMA8B = pm.ModelShape(name="llama-3.1-8b-shape", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                         head_dim=128, intermediate_size=14336, vocab_size=128256)
@@ -50,7 +50,7 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
 
 
 def test_emulated_profile_prices_the_local_runs_with_added_branches():
-    from hybridgen.perf.local_rows import TINY, measure_profile
+    from hybridgen_harness.perf.local_rows import TINY, measure_profile
 
     raw = measure_profile(TINY[0], reps=1)
     prof = pm.profile_from_dict(raw)

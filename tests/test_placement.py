@@ -112,7 +112,7 @@ def test_projected_gpu_memory_within_the_budget(model, gpu, batch, prompt):
             p = predict_step(build_method(name, **params), model, w, gpu)
             from hybridgen.perf.context import CostContext
             from hybridgen.perf.profiles import load_profile
-            from hybridgen.perf.shapes import as_model_shape
+            from hybridgen.shapes import as_model_shape
 
             weights = CostContext(as_model_shape(model), w, load_profile(gpu)).weights_bytes
             kv_on_gpu = p.breakdown["gpu_resident_bytes"] - weights
@@ -228,7 +228,7 @@ def test_one_auto_formula_and_one_weight_estimate():
     from hybridgen.methods.placement import auto_gpu_kv, budget_and_shape
     from hybridgen.perf.context import CostContext
     from hybridgen.perf.profiles import load_profile
-    from hybridgen.perf.shapes import ModelShape
+    from hybridgen.shapes import ModelShape
 
     hw = {"name": "a100", "gpu_memory": "80GB", "gpu_kv_fraction": 0.9}
     ms = ModelShape.named("opt-13b", weight_bytes=2)

@@ -1,4 +1,4 @@
-"""`python -m hybridgen.profile --quick` writes a measured profile with the shipped schema."""
+"""`python -m hybridgen_harness.profile --quick` writes a measured profile with the shipped schema."""
 from __future__ import annotations
 
 import datetime as dt
@@ -13,14 +13,14 @@ import torch
 from hybridgen import perf as pm
 from hybridgen.errors import ConfigError
 from hybridgen.perf.profiles import _read_raw
-from hybridgen import profile as prof
+from hybridgen_harness import profile as prof
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "sub" / "me.json"
     env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
-    res = subprocess.run([sys.executable, "-m", "hybridgen.profile", "--quick", "--out", str(out), "--name", "ci-box"],
+    res = subprocess.run([sys.executable, "-m", "hybridgen_harness.profile", "--quick", "--out", str(out), "--name", "ci-box"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     return out, res.stdout

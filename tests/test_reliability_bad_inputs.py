@@ -1,7 +1,7 @@
 """Every bad input a demanding new user tried: one line, exit code 2, nothing written.
 
 Each case runs an entry point the way a user would (``experiments/run.py``,
-``hybridgen-lm-eval``, ``python -m hybridgen.profile``, ``experiments/aggregate.py``; in this
+``hybridgen-lm-eval``, ``python -m hybridgen_harness.profile``, ``experiments/aggregate.py``; in this
 process through their ``main`` for speed, one case in a subprocess for the real exit status and
 the environment variables read at start-up) or a library call. A case passes when:
 
@@ -193,7 +193,7 @@ CASES: List[Case] = [
          "unknown lm-eval task", setup=_ckpt(), slow=True),
     Case("lm-eval-hub-task-offline", "lm-eval", ["--model_args", "model={tmp}/ckpt", "--tasks", "piqa", "--limit", "2"],
          "from the Hugging Face hub", setup=_ckpt(tokenizer=True), slow=True),
-    # ---------------------------------------------------------------- python -m hybridgen.profile
+    # ---------------------------------------------------------------- python -m hybridgen_harness.profile
     Case("profile-out-unwritable", "profile", ["--quick", "--out", "/proc/hybridgen/p.json"], "is not writable"),
     Case("profile-out-exists", "profile", ["--quick", "--out", "{tmp}/p.json"], "already exists; pass --force",
          setup=_touch("p.json"), shown="--out <an existing file>"),
@@ -326,7 +326,7 @@ def run_case(case: Case, tmp: Path) -> Result:
             argv = ["--model", "hybridgen", *[_fill(a, tmp) for a in case.args]]
             rc, out, err = _in_process(lambda: lm_eval_cli.main(argv))
         elif case.kind == "profile":
-            from hybridgen import profile
+            from hybridgen_harness import profile
 
             rc, out, err = _in_process(lambda: profile.main([_fill(a, tmp) for a in case.args]))
         elif case.kind == "aggregate":
@@ -382,7 +382,7 @@ def _shown(case: Case) -> str:
         return case.shown
     env = " ".join(f"{k}={v}" for k, v in case.env.items() if "{tmp}" not in v)
     prog = {"run": "run.py", "run-subprocess": "run.py", "lm-eval": "hybridgen-lm-eval --model hybridgen",
-            "profile": "python -m hybridgen.profile", "aggregate": "aggregate.py"}.get(case.kind, "")
+            "profile": "python -m hybridgen_harness.profile", "aggregate": "aggregate.py"}.get(case.kind, "")
     args = " ".join(a.replace("{tmp}/", "<tmp>/") for a in case.args)
     return " ".join(x for x in (env, prog, args) if x)
 

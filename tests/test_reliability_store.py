@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hybridgen import result_tables, results  # noqa: E402
+from hybridgen_harness import result_tables, results  # noqa: E402
 from hybridgen.errors import ConfigError  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -46,7 +46,7 @@ def _main(argv):
 HOLDER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from hybridgen.results import ResultsStore, write_json
+    from hybridgen_harness.results import ResultsStore, write_json
     store = ResultsStore({tmp!r}, "exp")
     with store.writing("r1") as d:
         write_json(d / "metrics.json", {{"who": "holder"}})
@@ -256,7 +256,7 @@ def test_hardware_threads_is_applied(tmp_path):
 
 
 def test_profile_checks_out_before_measuring_and_never_overwrites_silently(tmp_path, capsys):
-    from hybridgen import profile
+    from hybridgen_harness import profile
 
     out = tmp_path / "p.json"
     out.write_text("{}")

@@ -1,7 +1,7 @@
-"""``hybridgen.eval.plotdata.all_runs``: every experiment's finished runs in one DataFrame."""
+"""``hybridgen_harness.plotdata.all_runs``: every experiment's finished runs in one DataFrame."""
 
-from hybridgen import results
-from hybridgen.eval import plotdata
+from hybridgen_harness import results
+from hybridgen_harness import plotdata
 
 
 def _run(store, name, method, **metrics):

@@ -83,7 +83,7 @@ def run_dir_name(model_args: dict) -> str:
     """``<model>__<method>[-param=value...]`` for ``--model hybridgen`` model_args (loader args left out)."""
     from hybridgen.eval.lm_eval_model import _LOADER_ARGS
     from hybridgen.model.hub import display_name, is_hub_id
-    from hybridgen.results import _fmt_value, slug
+    from hybridgen.naming import method_part, slug
 
     model = str(model_args.get("pretrained") or model_args.get("model") or "smollm2-135m")
     part = display_name(model) if is_hub_id(model) else Path(model).name if os.sep in model else model
@@ -92,10 +92,7 @@ def run_dir_name(model_args: dict) -> str:
     skip = set(_LOADER_ARGS) | {"method", "score_mode", "fidelity", "progress", "add_bos", "max_gen_toks",
                                 "max_length", "rolling_prefill"}
     params = {k: v for k, v in model_args.items() if k not in skip}
-    meth = slug(str(model_args.get("method", "full")), 30)
-    if params:
-        meth += "-" + "-".join(f"{slug(k, 20)}={slug(_fmt_value(v), 20)}" for k, v in sorted(params.items()))
-    return f"{slug(part, 40)}__{slug(meth, 120)}"
+    return f"{slug(part, 40)}__{method_part(str(model_args.get('method', 'full')), params)}"
 
 
 def _prepare_hybridgen_run(ns) -> None:

@@ -3,7 +3,7 @@
 - :func:`realized_device` is the hardware a measurement really ran on: the CUDA device's name
   (``"NVIDIA H200"``) when torch sees CUDA (the engine then runs there), else
   ``"cpu-emulated"`` (the gpu tier lives in host memory). It is part of a run's identity (its
-  hash and readable name, see :mod:`hybridgen.results`), so numbers from another machine are
+  hash and readable name, see :mod:`hybridgen_harness.results`), so numbers from another machine are
   never taken for this one's.
 - :func:`code_version` is the git commit, dirty flag and a fingerprint of the uncommitted
   changes of this checkout. It is recorded in

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 from hybridgen.errors import ConfigError
+from hybridgen.shapes import as_model_shape
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
@@ -80,9 +81,7 @@ class KVShape:
 
     @classmethod
     def of_model(cls, model: Any, batch: int, prompt_len: int, gen_len: int, dtype: str = "bf16") -> "KVShape":
-        """From a shipped model name, a ``hybridgen.perf.ModelShape`` or an engine ModelSpec."""
-        from hybridgen.perf.shapes import as_model_shape  # lazy: perf prices methods
-
+        """From a shipped model name, a :class:`hybridgen.shapes.ModelShape` or an engine ModelSpec."""
         s = as_model_shape(model)
         if dtype not in DTYPE_BYTES:
             raise ConfigError(f"unknown KV dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")

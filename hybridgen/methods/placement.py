@@ -165,7 +165,7 @@ def derive_params(method: str, explicit: Mapping[str, Any], gpu_kv: Union[int, s
 def budget_and_shape(gpu_kv: Union[int, str], hardware: Mapping[str, Any], model: Mapping[str, Any],
                      workload: Mapping[str, Any]):
     """(GPU KV bytes, KVShape) of a run config's nodes (see :func:`resolve_placement`)."""
-    from hybridgen.perf.shapes import ModelShape
+    from hybridgen.shapes import ModelShape
 
     dtype = str(model.get("dtype", "float32"))
     b = DTYPE_BYTES.get(dtype)

@@ -22,7 +22,7 @@ Choices:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -31,15 +31,13 @@ from torch import Tensor
 from hybridgen.errors import ConfigError
 from hybridgen.methods import KVMethod, MethodContext, build_method
 from hybridgen.model import ops
+from hybridgen.model.generation import GenerationResult, generate
 from hybridgen.model.rotary import RotaryEmbedding
 from hybridgen.model.spec import ModelSpec
 from hybridgen.model.weights import LayerWeights, ModelWeights
 
 #: prompts of at least this many tokens (batch x length) get a per-layer prefill progress bar
 PREFILL_BAR_TOKENS = 2048
-
-if TYPE_CHECKING:
-    from hybridgen.model.generation import GenerationResult
 
 
 @dataclass
@@ -394,8 +392,6 @@ class Engine:
                  eos_token_id: Optional[int] = None) -> "GenerationResult":
         """Prefill + (max_new_tokens - 1) decode steps through ``method``: see
         :func:`hybridgen.model.generation.generate` (the same arguments)."""
-        from hybridgen.model.generation import generate
-
         return generate(self, input_ids, method, max_new_tokens, attention_mask=attention_mask, store=store,
                         greedy=greedy, temperature=temperature, top_p=top_p, seed=seed,
                         return_logits=return_logits, progress=progress, keep=keep, pool=pool,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hybridgen.errors import ConfigError
+from hybridgen.model.hf_layout import hf_param_shapes
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 FAMILIES = ("opt", "llama", "qwen2")
@@ -97,7 +98,6 @@ class ModelSpec:
 
     def param_shapes(self) -> Dict[str, tuple]:
         """Parameter name (HF naming) -> shape, embeddings counted once when tied."""
-        from hybridgen.model.weights import hf_param_shapes  # local: weights imports spec
         return {name: shape for name, (shape, _kind) in hf_param_shapes(self).items()}
 
     def param_count(self) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from hybridgen.errors import ConfigError, MissingDataError
+from hybridgen.model.hf_layout import hf_param_shapes, layer_names, top_names
 from hybridgen.model.spec import ModelSpec
 
 INIT_STD = 0.02
@@ -89,72 +89,6 @@ class ModelWeights:
         return total
 
 
-# ---------------------------------------------------------------------- HF naming
-def _layer_names(spec: ModelSpec, i: int) -> Dict[str, str]:
-    if spec.family == "opt":
-        p = f"model.decoder.layers.{i}."
-        return {"q": p + "self_attn.q_proj", "k": p + "self_attn.k_proj", "v": p + "self_attn.v_proj",
-                "o": p + "self_attn.out_proj", "attn_norm": p + "self_attn_layer_norm",
-                "mlp_norm": p + "final_layer_norm", "fc1": p + "fc1", "fc2": p + "fc2"}
-    p = f"model.layers.{i}."
-    return {"q": p + "self_attn.q_proj", "k": p + "self_attn.k_proj", "v": p + "self_attn.v_proj",
-            "o": p + "self_attn.o_proj", "attn_norm": p + "input_layernorm",
-            "mlp_norm": p + "post_attention_layernorm", "gate": p + "mlp.gate_proj", "up": p + "mlp.up_proj",
-            "down": p + "mlp.down_proj"}
-
-
-def _top_names(spec: ModelSpec) -> Dict[str, str]:
-    if spec.family == "opt":
-        p = "model.decoder."
-        return {"embed": p + "embed_tokens", "pos": p + "embed_positions", "final_norm": p + "final_layer_norm",
-                "project_in": p + "project_in", "project_out": p + "project_out", "lm_head": "lm_head"}
-    return {"embed": "model.embed_tokens", "final_norm": "model.norm", "lm_head": "lm_head"}
-
-
-def hf_param_shapes(spec: ModelSpec) -> "OrderedDict[str, Tuple[Tuple[int, ...], str]]":
-    """Ordered {HF name: (shape, kind)} of every parameter the model needs (tied lm_head omitted)."""
-    h, E, V, D, I = spec.hidden_size, spec.embed_dim, spec.vocab_size, spec.head_dim, spec.intermediate_size
-    q_out, kv_out = spec.num_heads * D, spec.num_kv_heads * D
-    out: "OrderedDict[str, Tuple[Tuple[int, ...], str]]" = OrderedDict()
-    top = _top_names(spec)
-    out[top["embed"] + ".weight"] = ((V, E), "embed")
-    if spec.learned_positions:
-        out[top["pos"] + ".weight"] = ((spec.max_positions + spec.position_offset, h), "embed")
-    if E != h:
-        out[top["project_in"] + ".weight"] = ((h, E), "matrix")
-        out[top["project_out"] + ".weight"] = ((E, h), "matrix")
-    for i in range(spec.num_layers):
-        n = _layer_names(spec, i)
-        _add_norm(out, spec, n["attn_norm"], h)
-        for key, rows in (("q", q_out), ("k", kv_out), ("v", kv_out)):
-            out[n[key] + ".weight"] = ((rows, h), "matrix")
-            if spec.qkv_bias:
-                out[n[key] + ".bias"] = ((rows,), "bias")
-        out[n["o"] + ".weight"] = ((h, q_out), "matrix")
-        if spec.o_bias:
-            out[n["o"] + ".bias"] = ((h,), "bias")
-        _add_norm(out, spec, n["mlp_norm"], h)
-        if spec.gated_mlp:
-            mats = (("gate", (I, h), I), ("up", (I, h), I), ("down", (h, I), h))
-        else:
-            mats = (("fc1", (I, h), I), ("fc2", (h, I), h))
-        for key, shape, bias_len in mats:
-            out[n[key] + ".weight"] = (shape, "matrix")
-            if spec.mlp_bias:
-                out[n[key] + ".bias"] = ((bias_len,), "bias")
-    if spec.final_norm:
-        _add_norm(out, spec, top["final_norm"], h)  # applied before project_out
-    if not spec.tie_embeddings:
-        out[top["lm_head"] + ".weight"] = ((V, E), "embed")
-    return out
-
-
-def _add_norm(out, spec: ModelSpec, name: str, dim: int) -> None:
-    out[name + ".weight"] = ((dim,), "norm")
-    if spec.norm_bias:
-        out[name + ".bias"] = ((dim,), "bias")
-
-
 # ---------------------------------------------------------------------- assembly
 def build_weights(spec: ModelSpec, source: Source) -> ModelWeights:
     """Assemble :class:`ModelWeights` by asking ``source`` for every HF-named tensor."""
@@ -166,11 +100,11 @@ def build_weights(spec: ModelSpec, source: Source) -> ModelWeights:
         shape, kind = shapes[name]
         return source(name, shape, kind)
 
-    top = _top_names(spec)
+    top = top_names(spec)
     embed = get(top["embed"] + ".weight")
     layers = []
     for i in range(spec.num_layers):
-        n = _layer_names(spec, i)
+        n = layer_names(spec, i)
         q, k, v = (get(n[x] + ".weight") for x in ("q", "k", "v"))
         qkv = torch.cat([q, k, v], 0)
         del q, k, v

@@ -9,7 +9,8 @@ One job per module:
 
 - :mod:`~hybridgen.perf.profiles`: the hardware-profile schema, ``extends`` merging, loading
   and validation (``available_profiles``, ``load_profile``, ``profile_from_dict``);
-- :mod:`~hybridgen.perf.shapes`: :class:`ModelShape` (architecture) and :class:`Workload`
+- :mod:`hybridgen.shapes` (below the methods, which size their footprints with it; re-exported
+  here): :class:`ModelShape` (architecture) and :class:`Workload`
   (batch, context, dtype, mapping override: what the run decides);
 - :mod:`~hybridgen.perf.context`: :class:`CostContext` (shared quantities and device / host
   primitives) and :class:`LayerCost` (what a cost returns);
@@ -19,9 +20,9 @@ One job per module:
   HybridGen's own cost lives beside it (:mod:`hybridgen.hybrid.cost`);
 - :mod:`~hybridgen.perf.predict`: :func:`predict_step` scales a layer to the model;
 - :mod:`~hybridgen.perf.compare`: projected vs measured error tables (:func:`compare_to_measured`);
-- :mod:`~hybridgen.perf.validate`: the model checked against measurements,
-  ``python -m hybridgen.perf.validate --json FILE`` (rows from :mod:`~hybridgen.perf.probe_rows`,
-  the H200-host probe files, and :mod:`~hybridgen.perf.local_rows`, runs on this machine).
+- :mod:`~hybridgen_harness.perf.validate`: the model checked against measurements,
+  ``python -m hybridgen_harness.perf.validate --json FILE`` (rows from :mod:`~hybridgen_harness.perf.probe_rows`,
+  the H200-host probe files, and :mod:`~hybridgen_harness.perf.local_rows`, runs on this machine).
 
     >>> from hybridgen.methods import build_method
     >>> p = predict_step(build_method("hybridgen", topk_ratio=0.05), "llama-3.1-8b", Workload(), "h200-host")
@@ -32,7 +33,7 @@ from hybridgen.perf.costs import (cpu_attention_split_cost, full_cost, gpu_resid
 from hybridgen.perf.predict import NotModelled, StepPrediction, fastest_setting, predict_step
 from hybridgen.perf.profiles import (PROFILE_DIR, CXLSpec, GPUSpec, HardwareProfile, HostSpec, LinkSpec, NodeSpec,
                                      available_profiles, load_profile, profile_from_dict)
-from hybridgen.perf.shapes import DTYPE_BYTES, MAPPINGS, ModelShape, Workload, as_model_shape
+from hybridgen.shapes import DTYPE_BYTES, MAPPINGS, ModelShape, Workload, as_model_shape
 from hybridgen.perf.compare import ErrorRow, ErrorTable, compare_to_measured
 
 __all__ = ["fastest_setting", 

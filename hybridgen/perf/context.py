@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
 
 from hybridgen.errors import ConfigError
+from hybridgen.methods.budget import Budget
+from hybridgen.methods.footprint import KVShape
 from hybridgen.perf.profiles import HardwareProfile, available_profiles
-from hybridgen.perf.shapes import ModelShape, Workload
+from hybridgen.shapes import ModelShape, Workload
 
 REST_KERNELS = 10          # kernel launches of a layer outside attention (norms, projections, MLP)
 MISSES_PER_CORE = 10       # outstanding cache misses per core (CXL gather latency term)
@@ -101,16 +103,12 @@ class CostContext:
         """This prediction's workload as a :class:`hybridgen.methods.footprint.KVShape`, the
         shape a method's ``footprint`` takes (the cost's gpu_tokens derive from it): the S
         context tokens, an unpadded batch (no validity masks)."""
-        from hybridgen.methods.footprint import KVShape
-
         return KVShape(self.shape.num_layers, self.Hkv, self.D, self.b, self.B, self.S, masked=False)
 
     # -- a method's budgets ------------------------------------------------------------
     def fraction(self, budget: Any) -> float:
         """A Budget (or budget text / number) as a fraction of the context: its ratio, or its
         token count divided by S (at most 1)."""
-        from hybridgen.methods import Budget  # lazy: hybridgen.methods may import this package
-
         bud = Budget.parse(budget)
         if bud.ratio is not None:
             return float(bud.ratio)

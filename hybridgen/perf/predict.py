@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Dict, Union
 
 from hybridgen.errors import ConfigError
+from hybridgen.methods.registry import build_method
 from hybridgen.perf.context import CostContext, LayerCost
 from hybridgen.perf.profiles import HardwareProfile, load_profile
-from hybridgen.perf.shapes import ModelShape, Workload, as_model_shape
+from hybridgen.shapes import ModelShape, Workload, as_model_shape
 
 
 class NotModelled(ConfigError):
@@ -58,8 +59,6 @@ class StepPrediction:
 
 def _as_method(method: Any) -> Any:
     if isinstance(method, str):
-        from hybridgen.methods import build_method  # lazy: the methods import this package's costs
-
         return build_method(method)
     return method
 

@@ -9,7 +9,7 @@ host-side op, NUMA nodes), ``cxl``
 (null, or a CXL memory expander's read bandwidth and added latency) and ``sources`` (a
 citation for every figure, by dotted path or section). ``extends`` merges parent files first
 (files whose name starts with ``_`` are abstract building blocks). ``python -m
-hybridgen.profile`` writes a measured profile with the same schema (``measured: true``).
+hybridgen_harness.profile`` writes a measured profile with the same schema (``measured: true``).
 """
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def _read_raw(name_or_path: Union[str, Path], seen: Tuple[str, ...] = ()) -> Dic
         if not path.exists():
             raise unknown_name("hardware profile", text, available_profiles())
     elif not path.exists():
-        raise MissingDataError(f"hardware profile file {text} does not exist; run `python -m hybridgen.profile --out {text}`")
+        raise MissingDataError(f"hardware profile file {text} does not exist; run `python -m hybridgen_harness.profile --out {text}`")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as err:

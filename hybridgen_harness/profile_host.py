@@ -1,8 +1,8 @@
 """The profiler's host measurements: read bandwidth per NUMA node and the CPU kernels' rates.
 
-Used by ``python -m hybridgen.profile`` (:mod:`hybridgen.profile`, which adds the GPU and
+Used by ``python -m hybridgen_harness.profile`` (:mod:`hybridgen_harness.profile`, which adds the GPU and
 writes the profile) and by the performance model's in-process validation
-(:mod:`hybridgen.perf.local_rows`). Every rate is GB/s of the bytes a kernel reads, the median
+(:mod:`hybridgen_harness.perf.local_rows`). Every rate is GB/s of the bytes a kernel reads, the median
 of ``reps`` timed repetitions after one warm-up, at the decode shape of a Llama-3.1-8B layer
 (``SHAPE``: batch 8, 32 query heads, 8 KV heads, head dim 128) unless a shape is given.
 """
@@ -93,7 +93,7 @@ def measure_numa_nodes(cfg: ProfileConfig) -> List[Dict[str, Any]]:
         return out
     for n in nodes:
         cpus = _node_cpus(n.node)
-        code = (f"import json; from hybridgen.profile_host import node_read_child; "
+        code = (f"import json; from hybridgen_harness.profile_host import node_read_child; "
                 f"print(json.dumps(node_read_child({n.node}, {cfg.dram_bytes}, {cfg.reps})))")
         root = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))

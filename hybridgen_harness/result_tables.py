@@ -1,7 +1,7 @@
 """Tables of finished runs: flatten each run's metrics, one row per run (``summary.csv`` and
 ``summary.parquet`` next to the runs: :func:`aggregate`), and plain-text tables (:func:`format_table`).
 
-The runs themselves are read through :mod:`hybridgen.results` (the store and its damage rules).
+The runs themselves are read through :mod:`hybridgen_harness.results` (the store and its damage rules).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from hybridgen.errors import ConfigError
-from hybridgen.results import ResultsStore, load_run
+from hybridgen_harness.results import ResultsStore, load_run
 
 
 def _stderr_log(msg: str) -> None:

@@ -34,7 +34,7 @@ from hybridgen.perf.context import CostContext
 from hybridgen.hybrid.cost import hybridgen_cost
 from hybridgen.perf.costs import PARTIAL_KERNELS, cpu_attention_split_cost, full_cost, stream_cost
 from hybridgen.perf.profiles import HardwareProfile, load_profile
-from hybridgen.perf.shapes import ModelShape, Workload
+from hybridgen.shapes import ModelShape, Workload
 
 PROBE_DIR = Path(__file__).resolve().parents[3] / "shared" / "measurements" / "h200-host-2026-11-30"
 SOURCE = "h200-probe"

@@ -6,7 +6,7 @@ has no finished runs, :func:`runs` returns None and prints the command that prod
 notebook can skip its figure instead of crashing. :func:`all_runs` loads every experiment's
 finished runs into one DataFrame (an ``exp`` column says which experiment each row is from):
 
-    from hybridgen.eval.plotdata import all_runs
+    from hybridgen_harness.plotdata import all_runs
     df = all_runs()                       # results/ of this checkout (or $HYBRIDGEN_RESULTS)
     df = all_runs("outputs", exps=["quickstart", "accuracy"])
     df.groupby(["exp", "method.name"]).size()
@@ -27,7 +27,7 @@ def repo_root() -> Path:
     for p in (here, *here.parents):
         if (p / "conf" / "config.yaml").exists():
             return p
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[1]
 
 
 def results_dir() -> Path:
@@ -44,7 +44,7 @@ def runs(exp: str, hint: str = ""):
     """DataFrame of the finished runs of ``exp`` (None, with a message, when there are none)."""
     import pandas as pd
 
-    from hybridgen.result_tables import collect
+    from hybridgen_harness.result_tables import collect
 
     rows = collect(results_dir(), exp)
     if not rows:
@@ -56,7 +56,7 @@ def runs(exp: str, hint: str = ""):
 
 def experiments(root: Union[None, str, os.PathLike] = None) -> List[str]:
     """Names of the experiments under ``root`` (default :func:`results_dir`) with a finished run."""
-    from hybridgen.results import ResultsStore
+    from hybridgen_harness.results import ResultsStore
 
     base = Path(root) if root is not None else results_dir()
     if not base.is_dir():
@@ -74,7 +74,7 @@ def all_runs(root: Union[None, str, os.PathLike] = None, exps: Optional[Sequence
     """
     import pandas as pd
 
-    from hybridgen.result_tables import collect
+    from hybridgen_harness.result_tables import collect
 
     base = Path(root) if root is not None else results_dir()
     names = list(exps) if exps is not None else experiments(base)
@@ -92,7 +92,7 @@ def all_runs(root: Union[None, str, os.PathLike] = None, exps: Optional[Sequence
 
 
 def run_dirs(exp: str) -> List[Path]:
-    from hybridgen.results import ResultsStore
+    from hybridgen_harness.results import ResultsStore
 
     return ResultsStore(results_dir(), exp).finished_runs()
 

@@ -1,14 +1,14 @@
 """The performance model's validation command (and, re-exported from
 :mod:`hybridgen.perf.compare`, ``compare_to_measured``)::
 
-    python -m hybridgen.perf.validate --json FILE [--md FILE] [--probe-dir DIR] [--quick] [--no-local]
+    python -m hybridgen_harness.perf.validate --json FILE [--md FILE] [--probe-dir DIR] [--quick] [--no-local]
 
 It prints predicted vs measured for (a) every row of the H200-host probe files
 (``shared/measurements/h200-host-2026-11-30``, source ``h200-probe``, priced on the
-``h200-host`` profile; :mod:`hybridgen.perf.probe_rows`) and (b) this machine: a profile
+``h200-host`` profile; :mod:`hybridgen_harness.perf.probe_rows`) and (b) this machine: a profile
 measured in the same command and real per-layer runs of full, hybrid-exact, hybridgen and
 FlexGen (stream and CPU attention) at two shapes (source ``this-machine``;
-:mod:`hybridgen.perf.local_rows`). When the probe files cannot be read (e.g. in CI) it says
+:mod:`hybridgen_harness.perf.local_rows`). When the probe files cannot be read (e.g. in CI) it says
 so in one line and skips (a). JSON: ``{"rows": [{"name", "source", "predicted_s",
 "measured_s", "error_pct", "within_25pct", "fitted", ...}], "not_modelled": [...],
 "summary": {...}, "machine": {...}}``. ``--quick``: one tiny shape, one round (seconds; for
@@ -63,7 +63,7 @@ def markdown(result: Dict[str, Any]) -> str:
     if result.get("probe_skipped"):
         lines += [f"Part (a) skipped: {result['probe_skipped']}", ""]
     lines += ["h200-probe rows: the probe files' medians priced on the `h200-host` profile "
-              "(`hybridgen/perf/probe_rows.py` says which cost function and arguments price each). "
+              "(`hybridgen_harness/perf/probe_rows.py` says which cost function and arguments price each). "
               "this-machine rows: a profile measured in the same command (CPU-emulated 'gpu' tier: its gpu/link "
               "figures are the CPU's own rates, branches added) and per-layer decode runs, paired: each run right "
               "after a profile measurement that predicts it; a row is the median over its pairs (the spread of "
@@ -93,10 +93,10 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def run_validation(probe_dir: Optional[Union[str, Path]] = None, local: bool = True, quick: bool = False,
-                   command: str = "python -m hybridgen.perf.validate", rounds: int = 5) -> Dict[str, Any]:
+                   command: str = "python -m hybridgen_harness.perf.validate", rounds: int = 5) -> Dict[str, Any]:
     """Compute every row: (a) the probe files (skipped with a one-line reason when unreadable),
     (b) this machine (``quick``: one tiny shape, one round)."""
-    from hybridgen.perf import local_rows, probe_rows
+    from hybridgen_harness.perf import local_rows, probe_rows
 
     t0 = time.perf_counter()
     load0 = [round(x, 2) for x in os.getloadavg()]
@@ -146,7 +146,7 @@ def _print(result: Dict[str, Any]) -> None:
 
 @cli_errors
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hybridgen.perf.validate",
+    ap = argparse.ArgumentParser(prog="python -m hybridgen_harness.perf.validate",
                                  description="Performance model: predicted vs measured (PROJECTED predictions).")
     ap.add_argument("--json", required=True, help="write the rows here (JSON)")
     ap.add_argument("--md", default=None, help="also write the table as markdown")
@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-local", action="store_true", help="skip the runs on this machine (part b)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of profile + runs per shape (default 5)")
     args = ap.parse_args(argv)
-    cmd = "python -m hybridgen.perf.validate " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m hybridgen_harness.perf.validate " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.rounds < 1:
         from hybridgen.errors import ConfigError
 

@@ -50,30 +50,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from hybridgen.errors import ConfigError
+from hybridgen.naming import method_part, slug
 
 DONE = "DONE"
 METRICS = "metrics.json"
 CONFIG = "config.yaml"
-_SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
 
 # ----------------------------------------------------------------------------- naming
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, (list, tuple)):
-        return "+".join(_fmt_value(v) for v in value)
-    return str(value)
-
-
-def slug(text: str, max_len: int = 80) -> str:
-    """Filesystem-safe fragment: runs of unsafe characters become '_'; '/' never survives."""
-    out = _SAFE.sub("_", str(text)).strip("_") or "x"
-    return out[:max_len]
-
-
 def config_hash(identity: Mapping[str, Any]) -> str:
     """8 hex digits of a SHA-1 over the canonical JSON of ``identity``."""
     blob = json.dumps(identity, sort_keys=True, default=str, separators=(",", ":"))
@@ -92,11 +76,8 @@ def run_name(model: str, weights: str, method: str, key_params: Mapping[str, Any
     model_part = slug(Path(model).name if os.sep in model else model, 40)
     if weights != "real":
         model_part += f"-{weights}"
-    meth = slug(method, 30)
-    if key_params:
-        meth += "-" + "-".join(f"{slug(k, 20)}={slug(_fmt_value(v), 20)}" for k, v in sorted(key_params.items()))
     work = f"b{batch}-p{prompt_len}-g{gen_len}-{slug(source, 12)}"
-    parts = [model_part, slug(meth, 120), work]
+    parts = [model_part, method_part(method, key_params), work]
     if extra:
         parts.append(slug(extra, 40))
     if hardware:

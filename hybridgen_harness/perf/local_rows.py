@@ -1,7 +1,7 @@
 """Predicted vs measured rows on THIS machine, measured in the same process (source ``this-machine``).
 
 1. A measured profile (:func:`measure_profile`): the host figures by the machinery of
-   ``python -m hybridgen.profile`` (read bandwidth, CPU attention, key scan, group score,
+   ``python -m hybridgen_harness.profile`` (read bandwidth, CPU attention, key scan, group score,
    top-k, the fixed cost of one host op), in the run's dtype. Without CUDA the methods'
    'gpu' tier is emulated on the CPU, so the profile's gpu / link entries are the CPU's
    own rates, measured here: ``gpu.attention_gbps`` (and ``gqa_attention_gbps``) = CPU
@@ -34,9 +34,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from hybridgen.perf.predict import predict_step
-from hybridgen.perf.probe_rows import Row
+from hybridgen_harness.perf.probe_rows import Row
 from hybridgen.perf.profiles import HardwareProfile, profile_from_dict
-from hybridgen.perf.shapes import ModelShape, Workload
+from hybridgen.shapes import ModelShape, Workload
 
 SOURCE = "this-machine"
 GPU_BUDGET = 0.1
@@ -101,8 +101,8 @@ def measure_profile(shape: Optional[LocalShape] = None, dtype: str = "fp32", rep
     rates at ``shape`` (default: the profiler's Llama-3.1-8B layer, batch 8, 8192 tokens) in
     ``dtype``."""
     from hybridgen.eval.environment import cpu_model
-    from hybridgen.profile import measure_gpu
-    from hybridgen.profile_host import ProfileConfig, measure_cpu_kernels, measure_numa_nodes, mem_gb
+    from hybridgen_harness.profile import measure_gpu
+    from hybridgen_harness.profile_host import ProfileConfig, measure_cpu_kernels, measure_numa_nodes, mem_gb
 
     shape = shape or LocalShape(8, 32, 8, 128, 8192)
     cfg = ProfileConfig(dram_bytes=dram_bytes, cpu_tokens=shape.tokens, reps=reps)
@@ -111,7 +111,7 @@ def measure_profile(shape: Optional[LocalShape] = None, dtype: str = "fp32", rep
     cpu = measure_cpu_kernels(cfg, dtypes=(dtype,), shape={"batch": shape.batch, "heads": shape.heads,
                                                            "kv_heads": shape.kv_heads, "head_dim": shape.head_dim})
     read = next((n["read_gbps"] for n in nodes if n["kind"] == "dram" and n.get("read_gbps")), None)
-    how = "measured in-process by hybridgen.perf.validate (the machinery of python -m hybridgen.profile)"
+    how = "measured in-process by hybridgen_harness.perf.validate (the machinery of python -m hybridgen_harness.profile)"
     gpu_meas = measure_gpu(cfg) if torch.cuda.is_available() else None
     if gpu_meas is not None:
         gpu, link = gpu_meas["gpu"], dict(gpu_meas["link"], name="host<->GPU link (measured)")

@@ -1,4 +1,4 @@
-"""Measure this machine into a hardware profile: ``python -m hybridgen.profile [--out FILE] [--quick] [--force]``.
+"""Measure this machine into a hardware profile: ``python -m hybridgen_harness.profile [--out FILE] [--quick] [--force]``.
 
 Measures (each only where the hardware exists; what cannot be measured is recorded as null):
 - host<->GPU copies, pinned and pageable, both directions (CUDA only);
@@ -46,7 +46,7 @@ import torch
 
 from hybridgen.errors import cli_errors
 from hybridgen.eval.environment import cpu_model
-from hybridgen.profile_host import (SHAPE, ProfileConfig, decode_inputs, gbps, measure_cpu_kernels, measure_numa_nodes,
+from hybridgen_harness.profile_host import (SHAPE, ProfileConfig, decode_inputs, gbps, measure_cpu_kernels, measure_numa_nodes,
                                     mem_gb)
 from hybridgen.timing import median_time
 
@@ -110,7 +110,7 @@ def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
     gpu = measure_gpu(cfg)
     dram_nodes = [n for n in nodes if n["kind"] == "dram" and n.get("read_gbps")]
     cxl_nodes = [n for n in nodes if n["kind"] == "cxl" and n.get("read_gbps")]
-    how = f"measured by `python -m hybridgen.profile{' --quick' if quick else ''}`"
+    how = f"measured by `python -m hybridgen_harness.profile{' --quick' if quick else ''}`"
     null_gpu = {"name": None, "memory_gb": None, "hbm_gbps": None, "attention_gbps": None, "matmul_tflops": None,
                 "launch_us": None, "gqa_attention_gbps": None}
     null_link = {"name": None, "h2d_pinned_gbps": None, "h2d_pageable_gbps": None, "d2h_pinned_gbps": None,
@@ -194,14 +194,14 @@ def check_out(out: Path, force: bool) -> None:
         raise ConfigError(f"--out {out} is a directory; give a file name, e.g. --out {out / 'measured.json'}")
     if out.exists() and not force:
         raise ConfigError(f"--out {out} already exists; pass --force to overwrite it, or choose another --out")
-    from hybridgen.results import check_writable
+    from hybridgen_harness.results import check_writable
 
     check_writable(out.parent, name="--out directory", fix="choose another --out")
 
 
 @cli_errors
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hybridgen.profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hybridgen_harness.profile", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/profiles/measured.json",
                         help="profile JSON to write (checked before measuring; never overwritten without --force)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
