@@ -1,0 +1,126 @@
+"""The selection at the memory limit (hybridgen.attention.cpu_select): the bf16-dot scan
+against a float64 reference of bf16(q) . k on every instruction-set level, the exact re-rank
+(every token a candidate = the exact selection; the returned logits are the exact fp32 ones)
+and its recall of the exact top-k on SmolLM2's real keys."""
+import pytest
+import torch
+
+from hybridgen.attention import cpu_scan as cs
+from hybridgen.attention import native
+from hybridgen.attention.cpu_select import candidate_count, select_bf16dot
+from hybridgen.errors import ConfigError
+from tests._scan_cases import host_segment, ref_logits
+
+
+def _bf16dot_bound(q, keys, scale):
+    """|fp32 sum - exact sum| <= D * 2^-23 * sum |products| (products exact, D roundings of
+    at most 2^-24 each, doubled for slack), per (head, token)."""
+    D = q.shape[-1]
+    return ref_logits(q.to(torch.bfloat16).double().abs(), keys.double().abs(), abs(scale)) * D * 2.0 ** -23 + 1e-30
+
+
+@pytest.fixture
+def levels():
+    """(name, kernels) for the portable C build and every vector level this CPU has."""
+    if not native.available():
+        pytest.skip("needs a C compiler")
+    top = native.isa()
+    yield ["portable", *range(1, top + 1)]
+    native.set_isa_limit(top)
+
+
+@pytest.mark.parametrize("G,D,T,lo", [(1, 64, 517, 0), (3, 64, 1030, 5), (4, 128, 613, 0), (8, 32, 77, 3),
+                                      (2, 48, 300, 1), (5, 96, 41, 0)])
+def test_bf16dot_logits_are_the_float64_dot_of_the_rounded_query(monkeypatch, levels, G, D, T, lo):
+    B, Hkv = 2, 2
+    keys = host_segment(B, Hkv, T, D, torch.bfloat16, seed=G).k[:, :, lo:]  # strided segment views
+    q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(D)) * 3
+    ref = ref_logits(q.to(torch.bfloat16), keys, 0.3)
+    bound = _bf16dot_bound(q, keys, 0.3)
+    fp32_query = ref_logits(q, keys, 0.3)
+    for level in levels:
+        with monkeypatch.context() as mp:
+            if level == "portable":
+                portable = native.load_portable()
+                mp.setattr(native, "lib", lambda: portable)
+            else:
+                native.set_isa_limit(level)
+            lg, exact, stats = cs.scan_logits_stats(q, keys, 0.3, None, "native", precision="bf16dot")
+        assert not exact and lg.shape == (B, Hkv * G, T - lo)
+        assert bool(((lg.double() - ref).abs() <= bound).all()), level
+        assert bool(((fp32_query - ref).abs() > bound).any())  # the bound tells a rounded query from an fp32 one
+        if stats is not None:  # the block statistics are those of these logits
+            top = stats[:, 0, :, 0].reshape(B, Hkv * G)
+            assert torch.equal(top, lg[:, :, :cs.TOKEN_BLOCK].amax(-1))
+    if native.has_bf16dot():
+        assert D % 32 != 0 or native.isa() == 2
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba"])
+def test_other_backends_scan_the_rounded_query(backend):
+    keys = host_segment(1, 2, 200, 64, torch.float32).k
+    q = torch.randn(1, 6, 64)
+    lg, exact, _ = cs.scan_logits_stats(q, keys, 0.5, None, backend, precision="bf16dot")
+    assert not exact
+    ref = ref_logits(q.to(torch.bfloat16), keys, 0.5)
+    assert float((lg.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("per_head,how", [(False, "max"), (False, "sum"), (True, "max")])
+@pytest.mark.parametrize("G", [1, 3, 4])
+def test_every_token_a_candidate_is_the_exact_selection(per_head, how, G):
+    B, Hkv, D, T, k = 2, 2, 64, 700, 40
+    keys = host_segment(B, Hkv, T, D, torch.bfloat16, seed=11).k
+    q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(G)) * 2
+    lg, _, st = cs.scan_logits_stats(q, keys, 0.125)
+    exact_idx, _ = cs.select(lg, Hkv, k, per_head, how, stats=st)
+    idx, sel = select_bf16dot(q, keys, 0.125, k, per_head, how, oversample=T / k + 1)
+    assert torch.equal(idx.sort(-1).values, exact_idx.sort(-1).values)
+    assert float((sel.double() - cs.logits_at(ref_logits(q, keys, 0.125), idx)).abs().max()) < 1e-5
+
+
+def test_without_the_rerank_the_selection_differs():
+    """The check above can fail: the bf16-dot scan's own top-k (oversample 1) is not the exact one."""
+    differs = 0
+    for G in (1, 3, 4):
+        keys = host_segment(2, 4, 700, 64, torch.bfloat16, seed=11).k
+        q = torch.randn(2, 4 * G, 64, generator=torch.Generator().manual_seed(G)) * 2
+        lg, _, st = cs.scan_logits_stats(q, keys, 0.125)
+        exact_idx, _ = cs.select(lg, 4, 40, False, "max", stats=st)
+        idx, _ = select_bf16dot(q, keys, 0.125, 40, oversample=1.0)
+        differs += not torch.equal(idx.sort(-1).values, exact_idx.sort(-1).values)
+    assert differs > 0
+
+
+@pytest.mark.parametrize("G,D,T,per_head,masked", [(1, 64, 333, False, False), (3, 64, 1001, False, True),
+                                                   (4, 128, 517, True, False), (7, 32, 95, False, True),
+                                                   (2, 48, 260, True, True)])
+def test_selected_logits_are_the_exact_fp32_ones(G, D, T, per_head, masked):
+    B, Hkv = 2, 3
+    keys = host_segment(B, Hkv, T, D, torch.bfloat16, seed=T).k[:, :, 2:]
+    gen = torch.Generator().manual_seed(T)
+    q = torch.randn(B, Hkv * G, 1, D, generator=gen)
+    mask = torch.rand(B, Hkv, T - 2, generator=gen) > 0.2 if masked else None
+    k = 29
+    idx, sel = select_bf16dot(q, keys, 0.2, k, per_head, mask=mask)
+    Hsel = Hkv * G if per_head else Hkv
+    assert idx.shape == (B, Hsel, k) and sel.shape == (B, Hkv * G, k)
+    ref = cs.logits_at(ref_logits(q[:, :, 0], keys, 0.2), idx)
+    if mask is not None:
+        m = cs.gather_mask(mask, idx).repeat_interleave(Hkv * G // Hsel, dim=1)
+        assert bool(m.all())  # ~80% of the tokens are real: only real ones are picked
+    assert float((sel.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    assert all(len(set(r.tolist())) == k for r in idx.view(-1, k))  # no token twice
+
+
+def test_candidate_count_and_bad_input():
+    assert candidate_count(100, 1.25, 10_000) == 125 and candidate_count(100, 1.25, 110) == 110
+    assert candidate_count(8, 1.0, 50) == 8
+    for bad in (0.9, float("nan"), "2"):
+        with pytest.raises(ConfigError, match="oversample"):
+            candidate_count(8, bad, 50)
+    keys = torch.randn(1, 1, 10, 16)
+    with pytest.raises(ConfigError, match="precision"):
+        cs.scan_logits_stats(torch.randn(1, 1, 16), keys, 1.0, precision="bf16")
+    with pytest.raises(ConfigError, match="group score"):
+        select_bf16dot(torch.randn(1, 1, 16), keys, 1.0, 3, how="mean")
