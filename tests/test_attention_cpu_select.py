@@ -189,3 +189,25 @@ def test_recall_of_the_exact_topk_on_real_keys(real_layers):
     print(f"recall: bf16dot+rerank {good:.5f}, no re-rank {no_rerank:.5f}, fp8 no re-rank {slop:.5f}")
     assert good >= REAL_RECALL_FLOOR
     assert no_rerank < REAL_RECALL_FLOOR and slop < REAL_RECALL_FLOOR
+
+
+def test_cpu_branch_benchmark_reports_the_bf16dot_scan(tmp_path):
+    """benchmarks/bench_cpu_scan.py on a tiny shape: the bf16-dot scan's and selection's GB/s
+    and ratios to read beside the exact ones, and select_bf16dot's recall."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "quick.json"
+    res = subprocess.run([sys.executable, "benchmarks/bench_cpu_scan.py", "--batch", "1", "--kv-heads", "2",
+                          "--tokens", "1024", "--reps", "1", "--copies", "1", "--threads", "1", "--sketches", "",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    bd = json.loads(out.read_text())["bf16dot"]
+    for key in ("scan_gbps", "select_gbps", "exact_select_gbps", "scan_over_read", "select_over_read"):
+        assert bd[key] > 0, key
+    assert bd["oversample"] == 1.25 and ("vdpbf16ps" in bd["isa"]) == native.has_bf16dot()
+    rec = json.loads(out.read_text())["recall"]
+    assert rec["bf16dot@1.25_real_like"] >= 0.99 and "bf16-dot (" in res.stdout
