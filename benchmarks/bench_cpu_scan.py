@@ -149,7 +149,7 @@ def run(args, threads: int, data: dict) -> dict:
     fns["bf16dot scan"] = lambda i: cs.scan_logits_stats(q, keys[i], scale, None, "native", out=out, pool=pool,
                                                          precision="bf16dot")
     fns["exact select"] = lambda i: exact_select(q, keys[i], scale, k_sel, out, pool)
-    fns["bf16dot select"] = lambda i: select_bf16dot(q, keys[i], scale, k_sel, pool=pool,
+    fns["bf16dot select"] = lambda i: select_bf16dot(q, keys[i], scale, k_sel, pool=pool, out=out,
                                                      oversample=args.bf16dot_oversample)
     for kind in args.sketches:
         fns[f"sketch {kind}"] = (lambda kd: lambda i: sketches[kd][i].scan(q, scale, 0, T, out=out, pool=pool))(kind)

@@ -111,6 +111,9 @@ def test_selected_logits_are_the_exact_fp32_ones(G, D, T, per_head, masked):
         assert bool(m.all())  # ~80% of the tokens are real: only real ones are picked
     assert float((sel.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
     assert all(len(set(r.tolist())) == k for r in idx.view(-1, k))  # no token twice
+    scratch = torch.full((B * Hkv * G * (T - 2),), float("nan"))  # the scan's logits land in a reused buffer
+    idx2, sel2 = select_bf16dot(q, keys, 0.2, k, per_head, mask=mask, out=scratch)
+    assert torch.equal(idx2, idx) and torch.equal(sel2, sel) and not bool(scratch.isnan().any())
 
 
 def test_candidate_count_and_bad_input():

@@ -111,14 +111,15 @@ def rerank_exact(exact: Tensor, approx: Tensor, cand: Tensor, k: int, how: str, 
 
 def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool = False, how: str = "max",
                    mask: Optional[Tensor] = None, oversample: float = DEFAULT_OVERSAMPLE, backend: str = "auto",
-                   pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
+                   pool: Optional[CPUAttentionPool] = None, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Top-k host tokens by a bf16-dot scan re-ranked exactly; the drop-in for
     ``select(scan_logits_stats(q, keys, scale, mask)...)`` at the memory limit.
 
     q [B, Hq, D] or [B, Hq, 1, D]; keys [B, Hkv, T, D] (CPU, read in place); k tokens per
     (batch, KV head) (shared, ``how`` 'max'/'sum') or per query head (``per_head``);
     mask [B, Hkv, T] or None; oversample >= 1: ceil(oversample * k) candidates re-ranked by
-    exact fp32 logits. Returns (idx [B, Hsel, k] int64, logits [B, Hq, k] float32: exact
+    exact fp32 logits; out: optional float32 scratch of B*Hq*T elements for the scan's logits
+    (reused across calls: no fresh allocation and its page faults per layer). Returns (idx [B, Hsel, k] int64, logits [B, Hq, k] float32: exact
     fp32 logits of q at idx, -inf where masked); Hsel = Hq (per_head) or Hkv.
     """
     if how not in ("max", "sum"):
@@ -129,7 +130,7 @@ def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool
     Hkv, T = keys.shape[1], keys.shape[2]
     k = max(0, min(k, T))
     kc = candidate_count(k, oversample, T)
-    logits, _, stats = scan_logits_stats(q, keys, scale, mask, backend, pool=pool, precision="bf16dot")
+    logits, _, stats = scan_logits_stats(q, keys, scale, mask, backend, out, pool, precision="bf16dot")
     cand, approx = select(logits, Hkv, kc, per_head, how, pool=pool, stats=stats)
     if k == 0:
         return cand, approx
