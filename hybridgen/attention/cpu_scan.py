@@ -13,6 +13,10 @@ Kernels (``backend``):
   shift / mask of its 32-bit words), horizontal sums of 8 accumulators at once, software
   prefetch ahead of the stream, fp32 accumulation (``exact=True``). The scan also writes
   per-(row, 512-token block) softmax statistics so :func:`select` needs no logsumexp pass.
+- ``precision='bf16dot'`` (:func:`scan_logits_stats`): the selection scan at the memory limit,
+  the query rounded to bf16 and bf16 x bf16 products summed in fp32 (``csrc/scan_bf16dot.c``:
+  AVX-512 BF16 ``vdpbf16ps`` where the CPU has it); its selection is re-ranked by exact
+  logits in :func:`hybridgen.attention.cpu_select.select_bf16dot`.
 - ``torch``: one batched matmul of the G query heads of a group against the group's keys in
   the keys' dtype ([B, Hkv, G, D] @ [B, Hkv, D, T]); each key row is read once for the whole
   group. bf16/fp16 keys give logits rounded to that dtype (``exact=False``), so the method
