@@ -52,8 +52,18 @@ def test_bf16dot_logits_are_the_float64_dot_of_the_rounded_query(monkeypatch, le
         if stats is not None:  # the block statistics are those of these logits
             top = stats[:, 0, :, 0].reshape(B, Hkv * G)
             assert torch.equal(top, lg[:, :, :cs.TOKEN_BLOCK].amax(-1))
-    if native.has_bf16dot():
-        assert D % 32 != 0 or native.isa() == 2
+
+
+def test_vdpbf16ps_is_used_where_the_cpu_has_it(levels):
+    """The AVX-512 BF16 body runs at level avx512 on a CPU with avx512_bf16, never below it."""
+    from pathlib import Path
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        pytest.skip("no /proc/cpuinfo")
+    has = " avx512_bf16" in info.read_text()
+    for level in levels[1:]:
+        native.set_isa_limit(level)
+        assert native.has_bf16dot() == (has and level == 2), level
 
 
 @pytest.mark.parametrize("backend", ["torch", "numba"])
