@@ -224,3 +224,11 @@ def test_cpu_branch_benchmark_reports_the_bf16dot_scan(tmp_path):
     assert bd["oversample"] == 1.25 and ("vdpbf16ps" in bd["isa"]) == native.has_bf16dot()
     rec = json.loads(out.read_text())["recall"]
     assert rec["bf16dot@1.25_real_like"] >= 0.99 and "bf16-dot (" in res.stdout
+
+
+def test_no_host_tokens_and_k_above_the_host_tokens():
+    q = torch.randn(2, 8, 64)
+    idx, sel = select_bf16dot(q, torch.randn(2, 2, 0, 64).to(torch.bfloat16), 0.1, 5)
+    assert idx.shape == (2, 2, 0) and sel.shape == (2, 8, 0)
+    idx, sel = select_bf16dot(q, torch.randn(2, 2, 3, 64).to(torch.bfloat16), 0.1, 5)
+    assert idx.shape == (2, 2, 3) and sorted(idx[1, 1].tolist()) == [0, 1, 2] and bool(sel.isfinite().all())
