@@ -14,6 +14,12 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
   advised onto transparent huge pages);
 - exact bf16 scans (every query head of a group against one read of each key): the C
   kernel (``native``), numba, torch's bf16 matmul; GB/s of key bytes and ratio to read;
+- the bf16-dot selection scan (``bf16dot scan``: bf16-rounded query, bf16 products, fp32
+  accumulation; AVX-512 BF16 ``vdpbf16ps`` where the CPU has it, else the exact kernels on the
+  rounded query) and the whole selection built on it (``bf16dot select``:
+  :func:`hybridgen.attention.cpu_select.select_bf16dot`, scan + ``--bf16dot-oversample`` x k
+  candidates + exact re-rank) next to the exact scan + selection (``exact select``); GB/s of
+  key bytes and ratio to read (JSON ``bf16dot``);
 - key-sketch scans (int8, int4): tokens/s (a token = one (batch, KV head) key row) against
   ``bf16_limit_tokens_per_s``, the tokens/s a bf16 scan would reach at 100% of ``read``; on
   an AVX-512 (VNNI) CPU also at the AVX2 level (rows ``... avx2``), side by side;
@@ -21,7 +27,7 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
   recompute (and re-rank of ``--oversample`` x k candidates) after a sketch scan, V-row
   gather) per scan kind, as GB/s of *bf16 key bytes* (the branch's work, whatever it reads)
   and its split by stage;
-- recall of the exact top-k by each sketch's selection (random keys, and "real-like" keys:
+- recall of the exact top-k by each sketch's selection and by ``select_bf16dot`` (random keys, and "real-like" keys:
   a few large channels and a set of tokens aligned with the query, as in LLM caches).
 Targets (issue 10): scan >= 0.8 x read, branch >= 0.6 x read, sketch >= 1.5 x bf16 limit.
 ``--json FILE`` writes the numbers: top-level keys are those of the run at the most threads,
@@ -48,6 +54,7 @@ import torch  # noqa: E402
 from hybridgen.attention import cpu_scan as cs  # noqa: E402
 from hybridgen.attention import native  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
+from hybridgen.attention.cpu_select import DEFAULT_OVERSAMPLE, select_bf16dot  # noqa: E402
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
 from hybridgen.hybrid.host_branch import host_branch, topk_count  # noqa: E402
 from hybridgen.eval.environment import cpu_model  # noqa: E402
@@ -107,6 +114,21 @@ def recall(q: torch.Tensor, keys: torch.Tensor, kind: str, k: int, store: Tiered
     return hits / (B * H * k)
 
 
+def exact_select(q: torch.Tensor, keys: torch.Tensor, scale: float, k: int, out: torch.Tensor,
+                 pool: CPUAttentionPool):
+    """The exact scan + the selection (shared, max group score): what ``bf16dot select`` replaces."""
+    logits, _, stats = cs.scan_logits_stats(q, keys, scale, None, "native", out=out, pool=pool)
+    return cs.select(logits, keys.shape[1], k, False, "max", pool=pool, stats=stats)
+
+
+def recall_bf16dot(q: torch.Tensor, keys: torch.Tensor, k: int, oversample: float) -> float:
+    """Share of the exact top-k (shared selection, max group score) that :func:`select_bf16dot` keeps."""
+    scale = keys.shape[-1] ** -0.5
+    ex = host_branch(q, keys, keys, scale, k, per_head=False, backend="auto").idx
+    got = select_bf16dot(q, keys, scale, k, oversample=oversample)[0]
+    return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
+
+
 def run(args, threads: int, data: dict) -> dict:
     torch.set_num_threads(threads)
     pool = CPUAttentionPool(workers=1, split_threads=threads)
@@ -124,6 +146,11 @@ def run(args, threads: int, data: dict) -> dict:
     if cs.numba_available():
         fns["scan numba bf16"] = lambda i: cs.scan_logits(q, keys[i], scale, None, "numba", out=out, pool=pool)
     fns["scan torch bf16"] = lambda i: torch.matmul(qg16, keys[i].transpose(-1, -2))
+    fns["bf16dot scan"] = lambda i: cs.scan_logits_stats(q, keys[i], scale, None, "native", out=out, pool=pool,
+                                                         precision="bf16dot")
+    fns["exact select"] = lambda i: exact_select(q, keys[i], scale, k_sel, out, pool)
+    fns["bf16dot select"] = lambda i: select_bf16dot(q, keys[i], scale, k_sel, pool=pool, out=out,
+                                                     oversample=args.bf16dot_oversample)
     for kind in args.sketches:
         fns[f"sketch {kind}"] = (lambda kd: lambda i: sketches[kd][i].scan(q, scale, 0, T, out=out, pool=pool))(kind)
     if native.isa() > 1:  # the same kernels one level down, side by side
@@ -147,7 +174,7 @@ def run(args, threads: int, data: dict) -> dict:
         rows[name] = summary(s, nbytes)
         rows[name]["tokens_per_s"] = tokens / statistics.median(s)
     read = rows["read"]["gbps"]
-    scans = {n: r for n, r in rows.items() if n.startswith("scan")}
+    scans = {n: r for n, r in rows.items() if n.startswith("scan")}  # the exact scans
     best_scan = max(scans, key=lambda n: scans[n]["gbps"])
     branches = {n: r for n, r in rows.items() if n.startswith("branch")}
     best_branch = max(branches, key=lambda n: branches[n]["gbps"])
@@ -177,6 +204,19 @@ def run(args, threads: int, data: dict) -> dict:
         "sketch_kind": best_sketch, "bf16_limit_tokens_per_s": limit, "topk": k_sel,
         "rows": rows, "branch_stages_ms": stages,
     })
+    res["bf16dot"] = {
+        "isa": "avx512_bf16 vdpbf16ps" if native.has_bf16dot() else f"{native.ISA_NAMES[native.isa()]} emulation",
+        "oversample": args.bf16dot_oversample,
+        **{f"{key}_gbps": rows[name]["gbps"] for key, name in (("scan", "bf16dot scan"), ("select", "bf16dot select"),
+                                                              ("exact_select", "exact select"))},
+        **{f"{key}_gbps_spread": [rows[name]["gbps_min"], rows[name]["gbps_max"]]
+           for key, name in (("scan", "bf16dot scan"), ("select", "bf16dot select"),
+                             ("exact_select", "exact select"))},
+        "scan_over_read": rows["bf16dot scan"]["gbps"] / read,
+        "select_over_read": rows["bf16dot select"]["gbps"] / read,
+        "exact_scan_over_read": rows["scan native bf16"]["gbps"] / read,
+        "exact_select_over_read": rows["exact select"]["gbps"] / read,
+    }
     ratios = {"scan_over_read": res["scan_gbps"] / read, "branch_over_read": res["branch_gbps"] / read,
               "sketch_over_bf16_limit": (res["sketch_tokens_per_s"] / limit) if best_sketch else None}
     res["ratios"] = ratios
@@ -211,6 +251,9 @@ def print_run(res: dict, read: float, limit: float) -> None:
           f"[{res['branch_config']}], sketch/bf16-limit "
           f"{rt['sketch_over_bf16_limit'] if rt['sketch_over_bf16_limit'] is not None else float('nan'):.2f} "
           f"(>= 1.5: {'met' if met['sketch_over_bf16_limit'] else 'NOT met'}) [{res['sketch_kind']}]")
+    bd = res["bf16dot"]
+    print(f"bf16-dot ({bd['isa']}): scan/read {bd['scan_over_read']:.2f} (exact scan {bd['exact_scan_over_read']:.2f}), "
+          f"select/read {bd['select_over_read']:.2f} (exact scan + select {bd['exact_select_over_read']:.2f})")
 
 
 def main(argv=None) -> int:
@@ -228,6 +271,8 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=2, help="copies of the data, cycled (cold data)")
     ap.add_argument("--threads", type=str, default=None, help="comma-separated thread counts (default: 1,all)")
     ap.add_argument("--sketches", type=str, default="int8,int4")
+    ap.add_argument("--bf16dot-oversample", type=float, default=DEFAULT_OVERSAMPLE,
+                    help="candidates per selected token of the bf16-dot selection, re-ranked exactly")
     ap.add_argument("--oversample", type=float, default=HybridGen.__dataclass_fields__["sketch_oversample"].default,
                     help="sketch candidates per selected token, re-ranked exactly (default: hybridgen's)")
     args = ap.parse_args(argv)
@@ -277,12 +322,15 @@ def main(argv=None) -> int:
         for o in sorted({1.0, args.oversample}):
             rec[f"{kind}@{o:g}_random"] = recall(q, keys[0][:, :, :rec_T].contiguous(), kind, rk, store, o)
             rec[f"{kind}@{o:g}_real_like"] = recall(q, rl, kind, rk, store, o)
-    print(f"\nrecall of the exact top-{rk} of {rec_T} tokens by the sketch's selection (kind@oversample): "
+    for o in sorted({1.0, args.bf16dot_oversample}):
+        rec[f"bf16dot@{o:g}_random"] = recall_bf16dot(q, keys[0][:, :, :rec_T].contiguous(), rk, o)
+        rec[f"bf16dot@{o:g}_real_like"] = recall_bf16dot(q, rl, rk, o)
+    print(f"\nrecall of the exact top-{rk} of {rec_T} tokens by each selection (kind@oversample): "
           + ", ".join(f"{k} {v:.3f}" for k, v in rec.items()))
     top = runs[str(max(threads))]
     out = {k: top[k] for k in ("read_gbps", "scan_gbps", "branch_gbps", "sketch_tokens_per_s",
                                "bf16_limit_tokens_per_s", "threads", "ratios", "targets_met", "scan_kernel",
-                               "branch_config", "sketch_kind")}
+                               "branch_config", "sketch_kind", "bf16dot")}
     out.update({"shape": {"batch": B, "kv_heads": H, "group": G, "head_dim": D, "host_tokens": T, "topk": k_sel,
                           "dtype": "bfloat16"},
                 "reps": args.reps, "copies": args.copies, "cold_bytes_per_copy": B * H * T * D * 2,

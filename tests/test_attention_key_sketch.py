@@ -9,7 +9,8 @@ from hybridgen.attention import cpu_scan as cs
 from hybridgen.attention import native
 from hybridgen.attention.key_sketch import SKETCH_BLOCK, TILE, KeySketch, block_query, sketch_bytes_per_token
 from hybridgen.errors import ConfigError
-from hybridgen.hybrid.host_branch import corrected_lse, head_lse, host_branch, rerank
+from hybridgen.attention.cpu_select import corrected_lse, head_lse
+from hybridgen.hybrid.host_branch import host_branch, rerank
 from hybridgen.kv import KVSegment, TieredStore
 
 LEVELS = {"int8": 255, "int4": 15}

@@ -13,6 +13,10 @@ Kernels (``backend``):
   shift / mask of its 32-bit words), horizontal sums of 8 accumulators at once, software
   prefetch ahead of the stream, fp32 accumulation (``exact=True``). The scan also writes
   per-(row, 512-token block) softmax statistics so :func:`select` needs no logsumexp pass.
+- ``precision='bf16dot'`` (:func:`scan_logits_stats`): the selection scan at the memory limit,
+  the query rounded to bf16 and bf16 x bf16 products summed in fp32 (``csrc/scan_bf16dot.c``:
+  AVX-512 BF16 ``vdpbf16ps`` where the CPU has it); its selection is re-ranked by exact
+  logits in :func:`hybridgen.attention.cpu_select.select_bf16dot`.
 - ``torch``: one batched matmul of the G query heads of a group against the group's keys in
   the keys' dtype ([B, Hkv, G, D] @ [B, Hkv, D, T]); each key row is read once for the whole
   group. bf16/fp16 keys give logits rounded to that dtype (``exact=False``), so the method
@@ -62,6 +66,7 @@ NEG_INF = float("-inf")
 SCAN_BACKENDS = ("auto", "torch", "numba", "native")
 TOPK_BACKENDS = ("auto", "native", "torch", "numba")
 SELECT_HOW = {"max": 0, "sum": 1, "raw": 2}
+SCAN_PRECISIONS = ("exact", "bf16dot")
 # ------------------------------------------------------------------------------ layout helpers
 def rows_view(x: Tensor) -> Tuple[Tensor, int]:
     """A [B, Hkv, T, D] segment view as (rows [(B*Hkv - 1) * cap + T, D] contiguous, cap).
@@ -134,14 +139,26 @@ def scan_logits(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tensor] = 
 
 def scan_logits_stats(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tensor] = None,
                       backend: str = "auto", out: Optional[Tensor] = None,
-                      pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, bool, Optional[Tensor]]:
+                      pool: Optional[CPUAttentionPool] = None,
+                      precision: str = "exact") -> Tuple[Tensor, bool, Optional[Tensor]]:
     """:func:`scan_logits` plus, from the C kernel without a mask, the per-block softmax
     statistics [B*Hkv, ceil(T / TOKEN_BLOCK), G, 2] (max, sum of exp(logit - max)) that
     :func:`select` turns into each head's logsumexp without another pass over the logits;
     None from every other path.
+
+    precision: 'exact' (fp32 query) or 'bf16dot' (the SELECTION scan: the query rounded to
+    bf16, round to nearest even, so every product with a bf16 key is a bf16 x bf16 product,
+    summed in fp32; the C kernel ``hg_scan_bf16dot`` runs AVX-512 BF16 ``vdpbf16ps`` where
+    the CPU has it; other backends scan the rounded query exactly). The returned ``exact``
+    is False for 'bf16dot': re-rank the selection by exact logits
+    (:func:`hybridgen.attention.cpu_select.select_bf16dot`).
     """
+    if precision not in SCAN_PRECISIONS:
+        raise ConfigError(f"unknown scan precision {precision!r}; choose one of: {', '.join(SCAN_PRECISIONS)}")
     if q.dim() == 4:
         q = q[:, :, 0]
+    if precision == "bf16dot":
+        q = q.to(torch.bfloat16)
     B, Hq, D = q.shape
     Hkv, T = keys.shape[1], keys.shape[2]
     G = Hq // Hkv
@@ -158,7 +175,8 @@ def scan_logits_stats(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tens
         nblk = (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
         bf16 = keys.dtype == torch.bfloat16
         if kind == "native":
-            fn = native.lib().hg_scan_bf16 if bf16 else native.lib().hg_scan_f32
+            fn = (native.lib().hg_scan_bf16dot if precision == "bf16dot" else native.lib().hg_scan_bf16) if bf16 \
+                else native.lib().hg_scan_f32
             stats = torch.empty(B * Hkv, nblk, G, 2, dtype=torch.float32) if mask is None else None
             (pool or default_pool()).run_split(fn, B * Hkv * nblk, qg.data_ptr(), kr.data_ptr(), cap, res.data_ptr(),
                                                float(scale), T, D, G, TOKEN_BLOCK,
@@ -166,11 +184,11 @@ def scan_logits_stats(q: Tensor, keys: Tensor, scale: float, mask: Optional[Tens
         else:
             (pool or default_pool()).run_split(scan_kernel(G, bf16), B * Hkv * nblk, qg.numpy(), key_array(kr, bf16),
                                                cap, res.numpy(), float(scale), T, TOKEN_BLOCK, work=B * Hkv * T * D)
-        logits, exact = res.view(B, Hq, T), True
+        logits, exact = res.view(B, Hq, T), precision == "exact"
     else:
         qg = q.reshape(B, Hkv, G, D).to(keys.dtype)
         logits = torch.matmul(qg, keys.transpose(-1, -2)).float().mul_(scale).view(B, Hq, T)
-        exact = keys.dtype == torch.float32 or keys.dtype == torch.float64
+        exact = (keys.dtype == torch.float32 or keys.dtype == torch.float64) and precision == "exact"
         if out is not None:
             out.view(B, Hq, T).copy_(logits)
             logits = out.view(B, Hq, T)

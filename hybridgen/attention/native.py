@@ -12,7 +12,9 @@ path. x86-64 builds carry AVX2+FMA and AVX-512 (VNNI) bodies picked at run time
 caps the level (to compare levels on one machine).
 
 Kernels (shapes in the sources): ``hg_scan_bf16`` / ``hg_scan_f32`` (exact scan, fp32
-accumulation, ``scan_exact.c``), ``hg_sketch_quantize`` / ``hg_sketch_scan`` (the key
+accumulation, ``scan_exact.c``), ``hg_scan_bf16dot`` (the selection scan: bf16-rounded query,
+bf16 products, fp32 accumulation; AVX-512 BF16 ``vdpbf16ps`` where the CPU has it, else the
+exact scan's bodies on the rounded query, ``scan_bf16dot.c``), ``hg_sketch_quantize`` / ``hg_sketch_scan`` (the key
 sketch, ``sketch.c``), ``hg_select`` (group scoring + partial top-k + the selected logits),
 ``hg_rows_bf16`` (exact logits of selected rows read in place), ``hg_gather_rows`` (row
 gather) (``select.c``).
@@ -47,6 +49,8 @@ _SIGNATURES = {
     "hg_set_isa_limit": ([ctypes.c_int], ctypes.c_int),
     "hg_scan_bf16": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
     "hg_scan_f32": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_scan_bf16dot": ([_P, _P, _I, _P, _F, _I, _I, _I, _I, _P, _I, _I], None),
+    "hg_has_bf16dot": ([], ctypes.c_int),
     "hg_sketch_quantize": ([_P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I], None),
     "hg_sketch_scan": ([_P, _P, _I, _P, _I, _I, _I, _I, _P, _I, _F, _I, _I, _I, _I, _P, _I, _I], None),
     "hg_select": ([_P, _I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I], ctypes.c_int),
@@ -158,6 +162,12 @@ def set_isa_limit(level: int) -> int:
     """Cap the level the kernels use (tests compare the levels on one machine); returns the level
     in use afterwards (the CPU's own level when that is lower)."""
     return int(lib().hg_set_isa_limit(int(level))) if available() else 0
+
+
+def has_bf16dot() -> bool:
+    """True when ``hg_scan_bf16dot`` runs AVX-512 BF16 ``vdpbf16ps`` (the CPU has it and the level
+    in use is avx512); else it runs the exact scan's bodies on the bf16-rounded query."""
+    return bool(lib().hg_has_bf16dot()) if available() else False
 
 
 def has_avx2() -> bool:

@@ -38,6 +38,7 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
 from hybridgen.attention.cpu_scan import (NEG_INF, SELECT_HOW, exact_logits_at, gather_mask, gather_rows,
                                           group_scores, scan_logits_stats, select)
 from hybridgen.attention.key_sketch import KeySketch
+from hybridgen.attention.cpu_select import corrected_lse, head_lse
 
 
 @dataclass
@@ -156,40 +157,6 @@ def masked_heads(logits: Tensor, sel_mask: Optional[Tensor]) -> Tensor:
     m = sel_mask if sel_mask.shape[1] == logits.shape[1] else sel_mask.repeat_interleave(
         logits.shape[1] // sel_mask.shape[1], dim=1)
     return logits.masked_fill(~m, NEG_INF)
-
-
-def head_lse(logits: Optional[Tensor], stats: Optional[Tensor], num_kv_heads: int) -> Tensor:
-    """Each query head's logsumexp over the scanned tokens: [B, Hkv, G], from the scan's block
-    statistics ([B*Hkv, nblk, G, 2] (max, sum exp)) when given, else from logits [B, Hq, T]
-    (masked = -inf); 0 for a head with no finite logit (as the selection's group score)."""
-    if stats is None:
-        B, Hq, T = logits.shape
-        lse = torch.logsumexp(logits.view(B, num_kv_heads, Hq // num_kv_heads, T), dim=-1)
-    else:
-        m, s = stats[..., 0], stats[..., 1]  # [B*Hkv, nblk, G]
-        top = m.amax(dim=1, keepdim=True)
-        safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-        lse = (safe + torch.log((s * torch.exp(m - safe)).sum(dim=1, keepdim=True)))[:, 0]
-        lse = lse.view(-1, num_kv_heads, stats.shape[2])
-    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-
-
-def corrected_lse(lse: Tensor, approx: Tensor, exact: Tensor) -> Tensor:
-    """A sketch's per-head logsumexp with the candidates' terms replaced by their exact ones.
-
-    lse [B, Hkv, G] (over every scanned token, sketch logits); approx / exact [B, Hq, kc]: the
-    candidates' sketch and exact logits. log(exp(lse) - sum exp(approx) + sum exp(exact)):
-    the candidates carry most of the softmax mass, so this is close to the exact
-    logsumexp that the exact scan's selection normalises each head by.
-    """
-    B, Hkv, G = lse.shape
-    a = approx.view(B, Hkv, G, -1)
-    e = exact.view(B, Hkv, G, -1)
-    top = torch.maximum(lse, e.amax(dim=-1))
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    rest = (torch.exp(lse - top) - torch.exp(a - top.unsqueeze(-1)).sum(dim=-1)).clamp_min(0.0)
-    out = top + torch.log(rest + torch.exp(e - top.unsqueeze(-1)).sum(dim=-1))
-    return torch.where(torch.isfinite(out), out, torch.zeros_like(out))
 
 
 def rerank(cand_logits: Tensor, cand: Tensor, k: int, how: str, scan_logits: Optional[Tensor] = None,

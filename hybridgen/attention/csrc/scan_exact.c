@@ -54,14 +54,6 @@ static void scan_f32_c(const float *q, const float *k, int64_t cap, float *out, 
 
 #ifdef HG_X86
 /* ---------------------------------------------------------------- AVX2 bodies */
-/* 8 accumulators -> one vector of their 8 horizontal sums (lane i = sum of a_i) */
-AVX2 static inline __m256 reduce8_ps(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
-                                     __m256 a7) {
-    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 #define ACC(i) acc[(i) / GG][(i) % GG]
 /* results of one tile: out_(n, g, value) for its NN tokens x GG heads (reduce8 when 8 of them) */
 #define STORE_F(out_)                                                                               \

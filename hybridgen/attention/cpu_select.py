@@ -1,0 +1,147 @@
+"""The selection at the memory limit: a bf16-dot scan, over-selection, exact re-rank.
+
+Shapes as :mod:`hybridgen.attention.cpu_scan`: q [B, Hq, D] or [B, Hq, 1, D]; keys
+[B, Hkv, T, D] (a segment view, read in place); mask [B, Hkv, T] bool or None; Hq = G * Hkv.
+
+:func:`select_bf16dot` (1) scans every host key with the bf16-dot scan
+(:func:`~hybridgen.attention.cpu_scan.scan_logits_stats` ``precision='bf16dot'``: the query
+rounded to bf16, bf16 x bf16 products, fp32 accumulation; AVX-512 BF16 ``vdpbf16ps`` where
+the CPU has it), (2) selects ceil(oversample * k) candidates with the same group score as
+the exact path (:func:`~hybridgen.attention.cpu_scan.select`), (3) recomputes the
+candidates' logits exactly in fp32 from the keys in place
+(:func:`~hybridgen.attention.cpu_scan.exact_logits_at`) and (4) keeps the k best by the same
+group score over the exact logits (:func:`rerank_exact`: for ``how='max'`` each head is
+normalised by the scan's logsumexp with the candidates' terms replaced by their exact ones,
+so with every token a candidate it is the exact selection). What it returns is what
+:func:`~hybridgen.attention.cpu_scan.select` returns for the exact scan: (idx, the exact
+fp32 logits at idx).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from hybridgen.attention import native
+from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
+from hybridgen.attention.cpu_scan import (NEG_INF, SELECT_HOW, exact_logits_at, gather_mask, group_scores,
+                                          scan_logits_stats, select)
+from hybridgen.errors import ConfigError
+
+#: candidates per selected token, as the key sketch's ``sketch_oversample``
+DEFAULT_OVERSAMPLE = 1.25
+
+
+def candidate_count(k: int, oversample: float, tokens: int) -> int:
+    """ceil(oversample * k) candidates, at most ``tokens``; oversample >= 1 (ConfigError otherwise)."""
+    if not (isinstance(oversample, (int, float)) and math.isfinite(oversample) and oversample >= 1.0):
+        raise ConfigError(f"oversample must be a number >= 1 (candidates per selected token), got {oversample!r}")
+    return min(tokens, int(math.ceil(oversample * k - 1e-9)))
+
+
+def head_lse(logits: Optional[Tensor], stats: Optional[Tensor], num_kv_heads: int) -> Tensor:
+    """Each query head's logsumexp over the scanned tokens: [B, Hkv, G], from the scan's block
+    statistics ([B*Hkv, nblk, G, 2] (max, sum exp)) when given, else from logits [B, Hq, T]
+    (masked = -inf); 0 for a head with no finite logit (as the selection's group score)."""
+    if stats is None:
+        B, Hq, T = logits.shape
+        lse = torch.logsumexp(logits.view(B, num_kv_heads, Hq // num_kv_heads, T), dim=-1)
+    else:
+        m, s = stats[..., 0], stats[..., 1]  # [B*Hkv, nblk, G]
+        top = m.amax(dim=1, keepdim=True)
+        safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        lse = (safe + torch.log((s * torch.exp(m - safe)).sum(dim=1, keepdim=True)))[:, 0]
+        lse = lse.view(-1, num_kv_heads, stats.shape[2])
+    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+
+
+def corrected_lse(lse: Tensor, approx: Tensor, exact: Tensor) -> Tensor:
+    """A sketch's per-head logsumexp with the candidates' terms replaced by their exact ones.
+
+    lse [B, Hkv, G] (over every scanned token, sketch logits); approx / exact [B, Hq, kc]: the
+    candidates' sketch and exact logits. log(exp(lse) - sum exp(approx) + sum exp(exact)):
+    the candidates carry most of the softmax mass, so this is close to the exact
+    logsumexp that the exact scan's selection normalises each head by.
+    """
+    B, Hkv, G = lse.shape
+    a = approx.view(B, Hkv, G, -1)
+    e = exact.view(B, Hkv, G, -1)
+    top = torch.maximum(lse, e.amax(dim=-1))
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    rest = (torch.exp(lse - top) - torch.exp(a - top.unsqueeze(-1)).sum(dim=-1)).clamp_min(0.0)
+    out = top + torch.log(rest + torch.exp(e - top.unsqueeze(-1)).sum(dim=-1))
+    return torch.where(torch.isfinite(out), out, torch.zeros_like(out))
+
+
+def rerank_exact(exact: Tensor, approx: Tensor, cand: Tensor, k: int, how: str, scan_logits: Tensor,
+                 stats: Optional[Tensor], pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
+    """The k best of kc candidates by their exact logits, ranked by the selection's score.
+
+    exact / approx [B, Hq, kc]: the candidates' exact and scan logits (-inf where masked);
+    cand [B, Hsel, kc] token indices; scan_logits [B, Hq, T] and stats (or None): the scan's,
+    for each head's logsumexp (``how='max'``, corrected by :func:`corrected_lse`).
+    Returns (idx [B, Hsel, k], exact logits at idx [B, Hq, k]); the C kernel (``hg_select``,
+    ties to the lower candidate) where it builds, else torch's top-k.
+    """
+    B, Hq, kc = exact.shape
+    Hsel = cand.shape[1]
+    G = Hq // Hsel
+    use_lse = G > 1 and how == "max"
+    lib = native.lib()
+    if lib is not None and k > 0:
+        lg = exact.contiguous()
+        pos = torch.empty(B, Hsel, k, dtype=torch.int64)
+        sel = torch.empty(B, Hq, k, dtype=torch.float32)
+        st, nblk = (stats, stats.shape[1]) if use_lse and stats is not None else (None, 0)
+        if use_lse and st is None:  # no statistics (a masked scan): one (max, sum) block per head, its lse
+            lse = head_lse(scan_logits, None, Hsel)
+            st, nblk = torch.stack([lse, torch.ones_like(lse)], dim=-1).view(B * Hsel, 1, G, 2), 1
+        ap = approx.contiguous() if use_lse else None
+        (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), kc, G,
+                                           SELECT_HOW["raw" if G == 1 else how], k, pos.data_ptr(), sel.data_ptr(),
+                                           st.data_ptr() if st is not None else None, nblk,
+                                           ap.data_ptr() if ap is not None else None, work=B * Hq * kc)
+        return cand.gather(2, pos), sel
+    if G == 1:
+        score = exact
+    elif how == "sum":
+        score = group_scores(exact, Hsel, "sum")
+    else:
+        lse = corrected_lse(head_lse(scan_logits, stats, Hsel), approx, exact)
+        score = (exact.view(B, Hsel, G, kc) - lse.unsqueeze(-1)).amax(dim=2)
+    pos = torch.topk(score, k, dim=-1, sorted=False).indices
+    return cand.gather(2, pos), exact.gather(2, pos.repeat_interleave(G, dim=1))
+
+
+def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool = False, how: str = "max",
+                   mask: Optional[Tensor] = None, oversample: float = DEFAULT_OVERSAMPLE, backend: str = "auto",
+                   pool: Optional[CPUAttentionPool] = None, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Top-k host tokens by a bf16-dot scan re-ranked exactly; the drop-in for
+    ``select(scan_logits_stats(q, keys, scale, mask)...)`` at the memory limit.
+
+    q [B, Hq, D] or [B, Hq, 1, D]; keys [B, Hkv, T, D] (CPU, read in place); k tokens per
+    (batch, KV head) (shared, ``how`` 'max'/'sum') or per query head (``per_head``);
+    mask [B, Hkv, T] or None; oversample >= 1: ceil(oversample * k) candidates re-ranked by
+    exact fp32 logits; out: optional float32 scratch of B*Hq*T elements for the scan's logits
+    (reused across calls: no fresh allocation and its page faults per layer). Returns (idx [B, Hsel, k] int64, logits [B, Hq, k] float32: exact
+    fp32 logits of q at idx, -inf where masked); Hsel = Hq (per_head) or Hkv.
+    """
+    if how not in ("max", "sum"):
+        raise ConfigError(f"unknown group score {how!r}; choose 'max' or 'sum'")
+    if q.dim() == 4:
+        q = q[:, :, 0]
+    B, Hq, _ = q.shape
+    Hkv, T = keys.shape[1], keys.shape[2]
+    k = max(0, min(k, T))
+    kc = candidate_count(k, oversample, T)
+    logits, _, stats = scan_logits_stats(q, keys, scale, mask, backend, out, pool, precision="bf16dot")
+    cand, approx = select(logits, Hkv, kc, per_head, how, pool=pool, stats=stats)
+    if k == 0:
+        return cand, approx
+    exact = exact_logits_at(q, keys, cand, scale, pool=pool)
+    if mask is not None:
+        m = gather_mask(mask, cand)
+        exact = exact.masked_fill(~m.repeat_interleave(Hq // m.shape[1], dim=1), NEG_INF)
+    return rerank_exact(exact, approx, cand, k, how, logits, stats, pool=pool)
