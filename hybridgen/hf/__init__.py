@@ -4,8 +4,9 @@
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(path), tokenizer)
     result = engine.generate(ids, "hybridgen", max_new_tokens=16)
 
-See :mod:`hybridgen.hf.engine` (the flow), :mod:`hybridgen.hf.attention` (transformers'
-extension points used) and :mod:`hybridgen.hf.model_view` (what is read from the model).
+or ``hybridgen.model.load_model(path_or_name, backend="transformers")``. See
+:mod:`hybridgen.hf.engine` (the flow), :mod:`hybridgen.hf.attention` (transformers' extension
+points used) and :mod:`hybridgen.hf.model_view` (what is read from the model).
 """
 from hybridgen.hf.attention import ATTN_IMPLEMENTATION
 from hybridgen.hf.engine import HFEngine, HFModelSpec

@@ -75,17 +75,21 @@ def _first_id(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def model_spec_of(view: ModelView, model: torch.nn.Module, name: str) -> HFModelSpec:
-    c = view.config
+def spec_of_config(config, name: str, params: int = 0) -> HFModelSpec:
+    """The spec of a transformers (text) config, without building the model."""
+    from hybridgen.hf.model_view import global_layers
+
+    c = config.get_text_config(decoder=True)
+    heads = int(c.num_attention_heads)
     return HFModelSpec(
-        family=str(getattr(c, "model_type", type(model).__name__)), vocab_size=int(c.vocab_size),
-        hidden_size=int(c.hidden_size), num_layers=len(view.decoder_layers), num_heads=view.num_heads,
-        num_kv_heads=view.num_kv_heads, head_dim=view.head_dim,
+        family=str(getattr(c, "model_type", "")), vocab_size=int(c.vocab_size), hidden_size=int(c.hidden_size),
+        num_layers=int(c.num_hidden_layers), num_heads=heads,
+        num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
         max_positions=int(getattr(c, "max_position_embeddings", None) or 2 ** 31 - 1),
-        method_layers=list(view.method_layers), sliding_window=getattr(c, "sliding_window", None),
-        params=sum(p.numel() for p in model.parameters()), bos_token_id=_first_id(getattr(c, "bos_token_id", None)),
-        eos_token_id=_first_id(getattr(c, "eos_token_id", None)), pad_token_id=_first_id(getattr(c, "pad_token_id", None)),
-        name=name)
+        method_layers=global_layers(c), sliding_window=getattr(c, "sliding_window", None), params=params,
+        bos_token_id=_first_id(getattr(c, "bos_token_id", None)), eos_token_id=_first_id(getattr(c, "eos_token_id", None)),
+        pad_token_id=_first_id(getattr(c, "pad_token_id", None)), name=name)
 
 
 class HFEngine:
@@ -112,7 +116,7 @@ class HFEngine:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         self.model = model
         self.view = ModelView(model, self.name)
-        self.spec = model_spec_of(self.view, model, self.name)
+        self.spec = spec_of_config(model.config, self.name, sum(p.numel() for p in model.parameters()))
         self.tokenizer = tokenizer
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device

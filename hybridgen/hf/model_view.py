@@ -78,6 +78,13 @@ class HFRotary:
         return self.apply(x, cos.to(x.device), sin.to(x.device))
 
 
+def global_layers(config) -> List[int]:
+    """Indices of the globally attending (``full_attention``) layers of a transformers text config."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    return [i for i, t in enumerate(get_layer_types_and_kwargs(config)[0]) if t == GLOBAL_LAYER_TYPE]
+
+
 class ModelView:
     """Read-only structure of ``model`` (an ``AutoModelForCausalLM``) that the backend needs.
 
@@ -86,8 +93,6 @@ class ModelView:
     """
 
     def __init__(self, model: torch.nn.Module, name: str):
-        from transformers.cache_utils import get_layer_types_and_kwargs
-
         self.model, self.name = model, name
         self.config = model.config.get_text_config(decoder=True)
         base = getattr(model, "model", None)
@@ -96,11 +101,10 @@ class ModelView:
             raise ConfigError(f"{name} ({type(model).__name__}) has no model.layers[i].self_attn; the transformers "
                               "backend needs a decoder-only causal LM of the usual layout")
         self.decoder_layers: List[torch.nn.Module] = list(layers)
-        self.layer_types, _ = get_layer_types_and_kwargs(self.config)
-        self.method_layers = [i for i, t in enumerate(self.layer_types) if t == GLOBAL_LAYER_TYPE]
+        self.method_layers = global_layers(self.config)
         if not self.method_layers:
-            raise ConfigError(f"{name} has no globally attending layer (layer types: {sorted(set(self.layer_types))}); "
-                              "a KV method has nothing to act on")
+            raise ConfigError(f"{name} has no globally attending layer (all attend within a window); a KV "
+                              "method has nothing to act on")
         attn = self.attention(0)
         c = self.config
         self.num_heads = int(c.num_attention_heads)
