@@ -124,3 +124,23 @@ def test_rotary_adapter_is_the_models_rotation(pair):
     twice = engine.rotary.rotate(engine.rotary.rotate(x, pos), pos)
     assert (twice - engine.rotary.rotate(x, 2 * pos)).abs().max() < 1e-6  # a rotation composes
     assert (engine.rotary.rotate(x, pos) - x).abs().max() > 1e-2
+
+
+def test_load_model_picks_the_backend_for_a_local_checkpoint(tmp_path):
+    from hybridgen.errors import ConfigError
+    from hybridgen.hf import HFModelSpec
+    from hybridgen.model import load_model, model_spec
+
+    ours, _ = tiny_pair("qwen3", dtype=torch.float32)
+    ours.save_pretrained(str(tmp_path))
+    engine = load_model(str(tmp_path), device="cpu")  # auto: Qwen3 is not a lean-engine family
+    assert isinstance(engine, HFEngine) and isinstance(model_spec(str(tmp_path)), HFModelSpec)
+    ids = prompts(batch=1)[0]
+    direct = HFEngine(ours, name="direct").generate(ids, "full", max_new_tokens=3, return_logits=True)
+    loaded = engine.generate(ids, "full", max_new_tokens=3, return_logits=True)
+    assert torch.equal(loaded.tokens, direct.tokens) and torch.equal(loaded.logits, direct.logits)
+    with pytest.raises(ConfigError) as info:
+        load_model(str(tmp_path), device="cpu", backend="lean")
+    assert "qwen3" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="backend"):
+        load_model(str(tmp_path), device="cpu", backend="hf")
