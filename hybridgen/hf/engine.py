@@ -54,10 +54,6 @@ class HFModelSpec:
     name: str = ""
     backend: str = "transformers"
 
-    @property
-    def scale(self) -> float:
-        return self.head_dim ** -0.5
-
     def param_count(self) -> int:
         return self.params
 
