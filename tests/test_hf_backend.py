@@ -106,6 +106,26 @@ def test_layer_input_hook_and_stand_in_query(pair):
         engine.release()
 
 
+def test_attention_weights_give_the_layers_projections(pair):
+    from hybridgen.errors import ConfigError
+
+    arch, engine, _ = pair
+    if arch in ("qwen3", "gemma3"):  # q/k norms after the projection: refused, not silently wrong
+        with pytest.raises(ConfigError, match="normalises q/k"):
+            engine.attention_weights(0)
+        return
+    w = engine.attention_weights(1)
+    x = torch.randn(2, 3, engine.spec.hidden_size, dtype=torch.float64)
+    q = torch.nn.functional.linear(x, w.wq, w.bq)
+    k = torch.nn.functional.linear(x, w.wk, w.bk)
+    attn = engine.view.attention(1)
+    if hasattr(attn, "qkv_proj"):
+        ref_q, ref_k, _ = attn.qkv_proj(x).split((w.wq.shape[0], w.wk.shape[0], w.wv.shape[0]), -1)
+    else:
+        ref_q, ref_k = attn.q_proj(x), attn.k_proj(x)
+    assert torch.allclose(q, ref_q) and torch.allclose(k, ref_k) and w.wk.shape[0] < w.wq.shape[0]
+
+
 @pytest.mark.parametrize("method", ["h2o", "snapkv", "streamingllm", "quest", "infinigen", "hybridgen",
                                     "shadowkv", "pyramidkv", "magicpig"])
 def test_every_method_runs(pair, method):

@@ -134,6 +134,10 @@ class HFEngine:
         """Method layer ``layer``'s query [B, Hq, T, D] from ``hidden`` [B, T, h] at ``positions`` [B, T]."""
         return self.view.stand_in_query(layer, hidden, positions)
 
+    def attention_weights(self, layer: int):
+        """Method layer ``layer``'s q/k/v/o projections (:meth:`ModelView.attention_weights`)."""
+        return self.view.attention_weights(layer)
+
     def _layer_input_hook(self, j: int):
         def hook(module, args, kwargs):
             run = self._run

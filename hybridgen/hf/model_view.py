@@ -127,6 +127,27 @@ class ModelView:
         """The attention module of method layer ``j``."""
         return self.decoder_layers[self.method_layers[j]].self_attn
 
+    def attention_weights(self, j: int):
+        """Method layer ``j``'s projections as the lean engine's ``AttnWeights`` ([out, in] like
+        nn.Linear; views of the model's parameters, the q/k/v rows of a fused qkv). Refused for
+        models that normalise q/k after the projection (Qwen3, Gemma 3): the weights alone would
+        not give their queries (use :meth:`stand_in_query`)."""
+        from hybridgen.model.engine import AttnWeights
+
+        attn = self.attention(j)
+        if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+            raise ConfigError(f"{self.name} normalises q/k after the projection; the raw projection weights do not "
+                              "give its queries and keys (use stand_in_query)")
+        if hasattr(attn, "qkv_proj"):
+            hq, hkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            w, b = attn.qkv_proj.weight, attn.qkv_proj.bias
+            wq, wk, wv = w.split((hq, hkv, hkv), 0)
+            bq, bk, bv = (None, None, None) if b is None else b.split((hq, hkv, hkv), 0)
+        else:
+            wq, wk, wv = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
+            bq, bk, bv = attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias
+        return AttnWeights(wq, bq, wk, bk, wv, bv, attn.o_proj.weight, attn.o_proj.bias)
+
     def stand_in_query(self, j: int, hidden: Tensor, positions: Tensor) -> Tensor:
         """Method layer ``j``'s query [B, Hq, T, D] from ``hidden`` [B, T, h] at ``positions`` [B, T]:
         the layer's input norm, q projection (+ bias; the q rows of a fused qkv), q norm when the
