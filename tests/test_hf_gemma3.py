@@ -36,6 +36,7 @@ def test_gemma3_loads_and_greedy_decodes_through_the_backend():
     s = engine.spec
     assert (s.num_layers, s.num_heads, s.num_kv_heads, s.head_dim, s.max_positions) == (18, 4, 1, 256, 32768)
     assert s.method_layers == [5, 11, 17] and s.sliding_window == 512
+    assert s.to_dict()["provenance"]["base_model"] == "google/gemma-3-270m"  # stated in every run record
     text = ("The secret passphrase is BLUE-OTTER-42. Remember it. " + "The grass is green. " * 40 +
             "Question: what is the secret passphrase? Answer: The secret passphrase is")
     ids, mask = engine.encode([text])

@@ -17,7 +17,7 @@ function): without one the function is transformers' sdpa attention, unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
@@ -40,7 +40,9 @@ class BackendRun:
 
     method: the bound KV method; method_layer: model layer index -> method layer index (the
     globally attending layers, numbered 0..n-1 in model order); valid: [B, T] bool prompt mask
-    (None when unpadded); phase: 'prefill' or 'decode'.
+    (None when unpadded); phase: 'prefill' or 'decode'; store: the run's TieredStore; cache:
+    the model's :func:`method_cache`; attention_mask [B, T + steps so far] long (None unpadded);
+    next_pos [B]: position of the next decoded token; steps_left: decode steps still allowed.
     """
 
     method: KVMethod
@@ -52,7 +54,6 @@ class BackendRun:
     attention_mask: Optional[Tensor] = None   # [B, T + steps] long, None when unpadded
     next_pos: Optional[Tensor] = None         # [B] position of the next decoded token
     steps_left: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def method_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,

@@ -53,6 +53,7 @@ class HFModelSpec:
     pad_token_id: Optional[int] = None
     name: str = ""
     backend: str = "transformers"
+    provenance: Optional[Dict[str, Any]] = None  # the prepared checkpoint's hybridgen_provenance.json
 
     def param_count(self) -> int:
         return self.params

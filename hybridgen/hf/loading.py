@@ -7,6 +7,7 @@ for the lean engine's architectures. num_layers keeps the first N decoder layers
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -60,4 +61,8 @@ def load_hf_engine(name: str, cfg: Dict[str, Any], checkpoint: Optional[Path], t
     else:
         raise ConfigError(f"weights={weights!r} exists only on the lean engine (OPT/Llama/Qwen2 shapes); use "
                           f"weights='random' or 'real' for {name}")
-    return HFEngine(model.to(device), tokenizer, name=name)
+    engine = HFEngine(model.to(device), tokenizer, name=name)
+    stated = None if checkpoint is None else Path(checkpoint) / "hybridgen_provenance.json"
+    if stated is not None and stated.is_file():  # e.g. "base model, Q4_K_M dequantised" in every run record
+        engine.spec.provenance = json.loads(stated.read_text())
+    return engine

