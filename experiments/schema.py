@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 
 WEIGHTS = ("real", "random", "dummy")
+BACKENDS = ("auto", "lean", "transformers")  # hybridgen.model.loading.BACKENDS
 DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("essays", "pg-text", "pydoc", "random")
 KINDS = ("generate", "accuracy", "project")
@@ -34,12 +35,15 @@ class ModelConf:
 
     weights: 'real' (checkpoint/GGUF), 'random' (seeded init), 'dummy' (cheap fill of real
     shapes for speed runs). num_layers: keep only the first N layers (smoke runs).
+    backend: 'auto' (the lean engine for OPT/Llama/Qwen2, the transformers backend for any other
+    causal LM), 'lean' or 'transformers' (hybridgen.hf: every method on any AutoModelForCausalLM).
     """
 
     name: str = "smollm2-135m"
     weights: str = "real"
     dtype: str = "float32"
     num_layers: Optional[int] = None
+    backend: str = "auto"
 
 
 @dataclass

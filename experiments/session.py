@@ -46,7 +46,8 @@ class Session:
         from hybridgen.model import load_model
 
         m = cfg.model
-        key = f"{m.name}|{m.weights}|{m.dtype}|{m.num_layers}|{cfg.seed}|{_weights_location(m.name)}"
+        backend = str(m.get("backend", "auto"))
+        key = f"{m.name}|{m.weights}|{m.dtype}|{m.num_layers}|{cfg.seed}|{backend}|{_weights_location(m.name)}"
         failed = getattr(self, "_load_error", None)
         if failed is not None and failed[0] == key:
             raise failed[1]  # the same model failed to load for an earlier point: do not retry
@@ -55,7 +56,7 @@ class Session:
             t0 = time.perf_counter()
             try:
                 self._engine = load_model(m.name, weights=m.weights, dtype=m.dtype, seed=int(cfg.seed),
-                                          num_layers=m.num_layers)
+                                          num_layers=m.num_layers, backend=backend)
             except HybridGenError as err:
                 self._load_error = (key, err)
                 raise
@@ -115,9 +116,11 @@ def _weights_location(name: str) -> str:
     shipped shapes)."""
     import os
 
-    from hybridgen.model import smollm2
+    from hybridgen.model import gemma3, smollm2
 
     if str(name) == smollm2.MODEL_NAME:
         return str(smollm2.prepared_dir())
+    if str(name) == gemma3.MODEL_NAME:
+        return str(gemma3.prepared_dir())
     path = Path(str(name)).expanduser()
     return str(path.resolve()) if path.exists() else f"{name}|{os.environ.get('HF_HUB_CACHE', '')}"

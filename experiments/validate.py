@@ -48,6 +48,7 @@ def validate(cfg: DictConfig) -> None:
 
     choice("model.weights", schema.WEIGHTS)
     choice("model.dtype", schema.DTYPES)
+    choice("model.backend", schema.BACKENDS)
     choice("workload.source", schema.SOURCES)
     choice("exp.kind", schema.KINDS)
     choice("exp.accuracy.score_mode", ("decode", "prefill"))

