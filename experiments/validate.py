@@ -53,13 +53,9 @@ def validate(cfg: DictConfig) -> None:
     choice("workload.source", schema.SOURCES)
     choice("exp.kind", schema.KINDS)
     choice("exp.accuracy.score_mode", ("decode", "prefill"))
-    for path in ("workload.batch", "workload.prompt_len", "workload.gen_len", "exp.repeats"):
-        if int(OmegaConf.select(cfg, path)) < 1:
-            raise ConfigError(f"{path} must be >= 1, got {OmegaConf.select(cfg, path)}")
-    if cfg.model.num_layers is not None and cfg.model.num_layers < 1:
-        raise ConfigError(f"model.num_layers must be >= 1 or null, got {cfg.model.num_layers}")
-    if cfg.hardware.threads is not None and int(cfg.hardware.threads) < 1:
-        raise ConfigError(f"hardware.threads must be >= 1 (torch CPU threads) or null, got {cfg.hardware.threads}")
+    from experiments.field_checks import check_fields
+
+    check_fields(cfg)  # every number through its kind's parser, the field named
     _check_numa_nodes(cfg.hardware)
     if cfg.exp.kind == "accuracy" and not cfg.exp.accuracy.tasks:
         raise ConfigError("exp.kind=accuracy needs exp.accuracy.tasks (e.g. exp.accuracy.tasks=[hg_bigbench_social_iqa])")
