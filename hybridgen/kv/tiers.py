@@ -30,8 +30,8 @@ def parse_bytes(value: Union[None, int, float, str]) -> Optional[int]:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "unlimited", "inf")):
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        n = float(value) if abs(value) < MAX_BYTES * 2 else math.copysign(math.inf, value)
-        if math.isinf(n) and n > 0 and isinstance(value, float):
+        n = float(value) if not abs(value) >= MAX_BYTES * 2 else (math.inf if value > 0 else -math.inf)  # NaN stays NaN
+        if isinstance(value, float) and math.isinf(value) and value > 0:
             return None
         if math.isnan(n):
             raise ConfigError(f"cannot read {value!r} as a size; write e.g. '24GiB', '512MB' or a byte count")
