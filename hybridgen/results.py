@@ -22,7 +22,8 @@ released by the kernel when the process dies) from its skip check to its rename,
 identical run started meanwhile waits, then finds the run finished and skips it. Replacing a
 finished run needs ``force`` and is announced; nothing is ever replaced without it.
 
-A run directory with a ``DONE`` marker whose ``metrics.json`` is missing or not a JSON object
+A run directory with a ``DONE`` marker whose ``metrics.json`` is missing, not a JSON object or
+without the ``run.name`` a finished run writes (``{}``)
 is *damaged*: it counts as unfinished (a re-run redoes it and says so), and aggregation names
 the file it skipped.
 
@@ -52,6 +53,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from hybridgen.errors import ConfigError
 
 DONE = "DONE"
+#: a finished run's metrics.json holds ``run: {name: ..., ...}`` (experiments/runner.py writes it);
+#: without it (``{}``, a half-written object) the run is damaged: re-run, never tabled as '?'
+FINISHED_RUN_KEYS = ("name",)
 METRICS = "metrics.json"
 CONFIG = "config.yaml"
 _SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
@@ -120,7 +124,9 @@ def check_writable(root: os.PathLike | str, name: str = "results_dir", fix: str 
     with a temporary file that is removed at once; permission bits alone do not tell for root
     or for read-only mounts). ``name`` and ``fix`` word the message for the caller's option.
     """
-    path = Path(root).expanduser()
+    from hybridgen.validation.paths import MIN_FREE_BYTES, require_path
+
+    path = require_path(name, root)  # empty, a dangling link: one line; '~' expanded
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -130,9 +136,12 @@ def check_writable(root: os.PathLike | str, name: str = "results_dir", fix: str 
         fd, tmp = tempfile.mkstemp(prefix=".hybridgen-write-test-", dir=probe)
         os.close(fd)
         os.unlink(tmp)
+        free = shutil.disk_usage(probe).free
     except OSError as err:
         why = err.strerror or type(err).__name__
         raise ConfigError(f"{name}={root} is not writable (cannot create a file in {probe}: {why}); {fix}") from None
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(f"{name}={root}: the file system of {probe} is full ({free} bytes free); free space or {fix}")
 
 
 def _metrics_problem(run_dir: Path) -> Optional[str]:
@@ -147,6 +156,10 @@ def _metrics_problem(run_dir: Path) -> Optional[str]:
         return f"{path} is not valid JSON ({first})"
     if not isinstance(data, dict):
         return f"{path} holds a {type(data).__name__}, not a JSON object"
+    run = data.get("run")
+    if not isinstance(run, dict) or not all(isinstance(run.get(k), str) and run.get(k) for k in FINISHED_RUN_KEYS):
+        return (f"{path} lacks what a finished run writes (a 'run' object with "
+                f"{', '.join(repr(k) for k in FINISHED_RUN_KEYS)})")
     return None
 
 
@@ -186,7 +199,7 @@ class ResultsStore:
     """The results of one experiment: ``<root>/<exp>/``."""
 
     def __init__(self, root: os.PathLike | str, exp: str):
-        self.root = Path(root)
+        self.root = Path(root).expanduser()  # as check_writable: '~/x' is the home's x, never a './~' folder
         self.exp = exp
         self.exp_dir = self.root / slug(exp, 60)
 

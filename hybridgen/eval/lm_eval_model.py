@@ -140,8 +140,9 @@ class HybridGenLM(LM):
                  max_gen_toks: int = 32, add_bos: Optional[bool] = None, batch_size: Any = 16, engine: Any = None,
                  progress: bool = True, pretrained: Optional[str] = None, **kwargs: Any):
         super().__init__()
-        for k in ("max_batch_size", "device", "trust_remote_code", "tokenizer"):
-            kwargs.pop(k, None)  # lm-eval passes these to every model; the engine picks its device
+        device = kwargs.pop("device", None)  # lm-eval's --device (or model_args device=): the engine's device
+        for k in ("max_batch_size", "trust_remote_code", "tokenizer"):
+            kwargs.pop(k, None)  # lm-eval passes these to every model
         args = check_model_args(method=method, score_mode=score_mode, rolling_prefill=rolling_prefill,
                                 fidelity=fidelity, add_bos=add_bos, progress=progress, max_gen_toks=max_gen_toks,
                                 max_length=max_length, **kwargs)
@@ -151,7 +152,7 @@ class HybridGenLM(LM):
             from hybridgen.model import load_model
 
             engine = load_model(pretrained or model, weights=weights, dtype=dtype, seed=int(seed),
-                                num_layers=num_layers)
+                                num_layers=num_layers, device=device)
         self.engine = engine
         self.tok = engine.tokenizer
         if self.tok is None:
