@@ -61,13 +61,16 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("exp.kind=accuracy needs exp.accuracy.tasks (e.g. exp.accuracy.tasks=[hg_bigbench_social_iqa])")
     from experiments.point import method_params
 
-    build_method(cfg.method.name, **method_params(cfg))
+    method = build_method(cfg.method.name, **method_params(cfg))
     if cfg.exp.kind == "project" and not cfg.hardware.profile:
         raise ConfigError("exp.kind=project needs a hardware profile (e.g. hardware=h100)")
     if cfg.exp.kind != "project":
         from hybridgen.model.loading import check_checkpoint
 
         check_checkpoint(cfg.model.name, cfg.model.weights)  # a damaged cache or checkpoint: one line, now
+    from experiments.model_checks import check_against_model
+
+    check_against_model(cfg, method)  # layers, dense layers, windows against the model (refuse or warn)
     if cfg.exp.kind == "accuracy":
         from hybridgen.eval.tasks_data import check_tasks
 
