@@ -226,7 +226,13 @@ def test_the_lm_eval_adapter_passes_its_device_to_the_engine(tmp_path):
     from hybridgen.eval.lm_eval_model import HybridGenLM
 
     with pytest.raises(ConfigError, match="unknown device 'tpu'"):
-        HybridGenLM(model=str(rm.write_checkpoint(tmp_path / "ckpt")), device="tpu", progress=False)
+        HybridGenLM(model=str(rm.write_checkpoint(tmp_path / "ckpt")), engine_device="tpu", progress=False)
+    from test_eval_lm_adapter import _byte_tokenizer
+
+    ok = rm.write_checkpoint(tmp_path / "ok")
+    _byte_tokenizer().save_pretrained(ok)
+    lm = HybridGenLM(model=str(ok), device="cuda:0", progress=False)  # lm-eval's default device: not the engine's
+    assert lm.engine.device.type in ("cpu", "cuda")
 
 
 def test_lm_eval_run_that_saved_nothing_is_detected(tmp_path):

@@ -20,7 +20,8 @@ With ``--model hybridgen`` the wrapper also:
   checked before the task index or the model (a file where a directory goes, an unwritable or
   empty path: one line) and a run whose results were not saved exits 2 (lm-eval never
   overwrites: its file names carry the date);
-- passes ``--device`` (e.g. ``cuda:1``) to the engine, checked before the model loads;
+- passes an explicit ``--device`` (e.g. ``cuda:1``) to the engine as ``engine_device``, checked
+  before the model loads (without it the engine picks cuda when available, else the cpu);
 - follows lm-eval's ``--verbosity`` for its own messages and progress bars
   (``--verbosity WARNING`` hides both; see :mod:`hybridgen.log`);
 - prints the fidelity summary (top-1 agreement and KL against ``full``) after the table when
@@ -76,14 +77,24 @@ def _check_hybridgen_args(ns) -> None:
     raw = getattr(ns, "model_args", None)
     args = simple_parse_args_string(raw) if isinstance(raw, str) else dict(raw or {})
     check_model_args(**args)
-    device = getattr(ns, "device", None) or args.get("device")
+    device = _explicit_device(ns) or args.get("engine_device")
     if device is not None:  # --device cuda:3 reaches the engine; a device it cannot use: one line, now
         from hybridgen.model.loading import parse_device
 
         parse_device(str(device))
+        if "engine_device" not in args:
+            args["engine_device"] = str(device)
+            ns.model_args = ",".join(f"{k}={v}" for k, v in args.items()) if isinstance(raw, str) or raw is None \
+                else {**dict(raw), "engine_device": str(device)}
     out = getattr(ns, "output_path", None)
     if out is not None:
         check_output_path(str(out))
+
+
+def _explicit_device(ns) -> Optional[str]:
+    """--device when it is on the command line (lm-eval fills in "cuda:0" otherwise)."""
+    given = any(a == "--device" or a.startswith("--device=") for a in sys.argv[1:])
+    return getattr(ns, "device", None) if given else None
 
 
 def check_output_path(out: str) -> None:
