@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 # made 2-thread decode steps ~15x slower (measured on the 2-core dev machine)
 export OMP_WAIT_POLICY := passive
 
-.PHONY: venv run test test-all bench clean-venv data quickstart results figures
+.PHONY: venv run test test-all fuzz bench clean-venv data quickstart results figures
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: venv
 
 test-all: venv
 	$(PY) -m pytest -q -n auto -m "slow or not slow"
+
+# >= 5,000 generated configurations through the preflight (tests/_fuzz_space.py; ~15 min on 2 cores):
+# counts of tracebacks, silent acceptances and files written on refusal, all must be 0
+fuzz: venv
+	$(PY) tests/fuzz_configs.py --examples $(or $(EXAMPLES),5000)
 
 bench: venv
 	$(PY) benchmarks/bench_foundation.py

@@ -50,6 +50,7 @@ from hybridgen.eval.fidelity import fidelity  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import available_methods, build_method, method_parameters  # noqa: E402
 from hybridgen_harness.result_tables import format_table  # noqa: E402
+from hybridgen.validation.cli import check_output_dir, exit_one_line, parse_checked  # noqa: E402
 
 MiB = 2 ** 20
 
@@ -138,7 +139,7 @@ def _fmt(x: float, nd: int = 2) -> str:
 
 @cli_errors
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--ctx", default="2048", help="comma-separated prompt lengths")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -154,7 +155,8 @@ def main(argv=None) -> None:
                     help="timing passes over all methods; the fastest pass's median step is reported")
     ap.add_argument("--timing-tokens", type=int, default=32, help="decode steps per extra timing pass")
     ap.add_argument("--out", default="results/baselines")
-    args = ap.parse_args(argv)
+    ap.add_argument("--force", action="store_true", help="overwrite the files of an earlier run")
+    args = parse_checked(ap, argv)
     if args.threads:
         runtime.apply(torch_threads=args.threads)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -169,6 +171,10 @@ def main(argv=None) -> None:
     # warm-up: fault in the weights and the allocator before anything is timed
     engine.generate(torch.randint(3, 1000, (args.batch, 64)), "full", max_new_tokens=4)
     out_dir = Path(args.out)
+    try:  # before measuring: an earlier run's files are kept unless --force
+        check_output_dir("--out", out_dir, args.force, ("environment.json",))
+    except Exception as err:  # a HybridGenError: one line
+        raise exit_one_line(err) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     command = ".venv/bin/python benchmarks/bench_baselines.py " + " ".join(
         sys.argv[1:] if argv is None else argv)

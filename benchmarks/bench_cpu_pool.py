@@ -39,6 +39,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from hybridgen.attention import partial_attention  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.timing import median_interleaved, median_time  # noqa: E402
+from hybridgen.validation.cli import parse_checked  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -180,7 +181,7 @@ def run(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ints = (lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--tokens", type=ints, default=[4096, 16384, 32768], help="host tokens per layer")
     ap.add_argument("--batch", type=ints, default=[1, 4])
@@ -195,7 +196,7 @@ def main(argv=None):
     ap.add_argument("--pool-threads", type=ints, default=sorted({1, n}),
                     help="torch threads of the pool's worker thread")
     ap.add_argument("--reps", type=int, default=5)
-    args = ap.parse_args(argv)
+    args = parse_checked(ap, argv)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
           f"Hq={args.heads} Hkv={args.kv_heads} D={args.head_dim} {args.dtype}; median of {args.reps} (ms)")
     rows = run(args)

@@ -61,6 +61,8 @@ from hybridgen.eval.environment import cpu_model  # noqa: E402
 from hybridgen.eval.provenance import code_version  # noqa: E402
 from hybridgen.hybrid import HybridGen  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
+from hybridgen.validation.cli import exit_one_line, parse_checked  # noqa: E402
+from hybridgen.validation.paths import check_output_file  # noqa: E402
 
 TARGETS = {"scan_over_read": 0.8, "branch_over_read": 0.6, "sketch_over_bf16_limit": 1.5}
 
@@ -257,7 +259,7 @@ def print_run(res: dict, read: float, limit: float) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the issue's point: batch 8, 32768 tokens, 5 rounds, "
                                                          "threads 1 and all")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -275,7 +277,13 @@ def main(argv=None) -> int:
                     help="candidates per selected token of the bf16-dot selection, re-ranked exactly")
     ap.add_argument("--oversample", type=float, default=HybridGen.__dataclass_fields__["sketch_oversample"].default,
                     help="sketch candidates per selected token, re-ranked exactly (default: hybridgen's)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    args = parse_checked(ap, argv)
+    if args.json is not None:  # checked before measuring, never overwritten without --force
+        try:
+            check_output_file("--json", args.json, args.force)
+        except Exception as err:  # a HybridGenError: one line
+            raise exit_one_line(err) from None
     if args.quick:
         args.reps = 5
     args.sketches = [s for s in args.sketches.split(",") if s]

@@ -32,6 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.methods import build_method
 from hybridgen.testing import MethodDriver
+from hybridgen.validation.cli import exit_one_line, parse_checked  # noqa: E402
+from hybridgen.validation.paths import check_output_file  # noqa: E402
 
 
 class _CountCalls(TorchFunctionMode):
@@ -84,12 +86,18 @@ def measure(configs: List[Tuple[str, Dict[str, Any]]], shape, layers: int, steps
 
 
 def main(argv: List[str] = None) -> Dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--json", default=None)
-    a = ap.parse_args(argv)
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    a = parse_checked(ap, argv)
+    if a.json is not None:  # checked before measuring, never overwritten without --force
+        try:
+            check_output_file("--json", a.json, a.force)
+        except Exception as err:  # a HybridGenError: one line
+            raise exit_one_line(err) from None
     shape = (1, 32, 8, 128, a.context)  # Llama-3.1-8B's attention shape, batch 1
     pool = CPUAttentionPool(workers=1)
     configs: List[Tuple[str, Dict[str, Any]]] = [("full", {})]

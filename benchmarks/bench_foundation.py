@@ -52,6 +52,7 @@ from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import Budget, KVMethod, MethodContext, build_method  # noqa: E402
 from hybridgen_harness.result_tables import format_table  # noqa: E402
 from hybridgen.timing import median_interleaved  # noqa: E402
+from hybridgen.validation.cli import parse_checked  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -223,7 +224,7 @@ def bench_pool(args, spec, pool) -> List[dict]:
 
 @cli_errors
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     floats = (lambda s: [float(x) for x in s.split(",")])
     ints = (lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--model", default="smollm2-135m")
@@ -240,7 +241,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="part (b) KV dtype")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    args = ap.parse_args(argv)
+    args = parse_checked(ap, argv)
     if args.threads:
         runtime.apply(torch_threads=args.threads)
     pool = CPUAttentionPool(workers=1)

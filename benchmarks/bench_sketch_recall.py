@@ -34,6 +34,8 @@ from hybridgen.errors import cli_errors  # noqa: E402
 from hybridgen.hybrid.host_branch import host_branch, topk_count  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods.full import Full  # noqa: E402
+from hybridgen.validation.cli import exit_one_line, parse_checked  # noqa: E402
+from hybridgen.validation.paths import check_output_file  # noqa: E402
 
 
 class CapturingFull(Full):
@@ -76,7 +78,7 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, n_queries: int, ratio: float,
 
 @cli_errors
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--ctx", default="4096,8000")
     ap.add_argument("--queries", type=int, default=8, help="last prompt positions used as decode queries")
@@ -85,7 +87,13 @@ def main(argv=None) -> int:
     ap.add_argument("--oversample", default="1,1.25,1.5", help="comma-separated sketch_oversample values")
     ap.add_argument("--source", default="pydoc")
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    args = parse_checked(ap, argv)
+    if args.json is not None:  # checked before measuring, never overwritten without --force
+        try:
+            check_output_file("--json", args.json, args.force)
+        except Exception as err:  # a HybridGenError: one line
+            raise exit_one_line(err) from None
     from hybridgen.data.sources import prompt_ids
     from hybridgen.model import load_model
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from hybridgen import perf as pm  # noqa: E402
 from hybridgen.methods import KVMethod, available_methods, build_method, method_parameters  # noqa: E402
+from hybridgen.validation.cli import parse_checked  # noqa: E402
 
 LAYER = pm.ModelShape(name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                       head_dim=128, intermediate_size=14336, vocab_size=128256)
@@ -173,10 +174,10 @@ def profile_section(prof: pm.HardwareProfile, lrows: List[Dict], erows: List[Dic
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default="a100-80gb-cxl,h100-80gb-cxl,rtx5090-cxl,h200-host")
     ap.add_argument("--out", default=str(ROOT / "results" / "projected"))
-    args = ap.parse_args(argv)
+    args = parse_checked(ap, argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sections = [f"# {LABEL}", "",

@@ -73,7 +73,24 @@ def sweep_overrides(master: DictConfig, config_loader) -> Optional[List[List[str
     params = parser.parse_overrides(_as_overrides(sw.params))
     parts = [parser.parse_overrides(_as_overrides(part)) for part in (sw.get("parts") or [])]
     args = parser.parse_overrides(OmegaConf.to_container(master.hydra.overrides.task, resolve=False))
-    return union_of_products(params, parts, args)
+    jobs = union_of_products(params, parts, args)
+    if not jobs:
+        raise ConfigError(no_points_message([*params, *(o for p in parts for o in p), *args]))
+    return jobs
+
+
+def no_points_message(overrides) -> str:
+    """The one line of a sweep that expands to no point, naming the empty sweeps (glob, range, ...)."""
+    empty = []
+    for o in overrides:
+        try:
+            if o.is_sweep_override() and not list(o.sweep_string_iterator()):
+                empty.append(o.input_line or o.key_or_group)
+        except Exception:  # noqa: BLE001 - naming is a hint only
+            continue
+    what = ", ".join(empty) if empty else "the sweep"
+    return (f"{what} expands to no point: nothing would run; fix the pattern or bounds "
+            "(glob(h2*) must match a name, range(start, stop) needs start < stop)")
 
 
 def _as_overrides(node) -> List[str]:

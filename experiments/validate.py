@@ -52,25 +52,24 @@ def validate(cfg: DictConfig) -> None:
     choice("workload.source", schema.SOURCES)
     choice("exp.kind", schema.KINDS)
     choice("exp.accuracy.score_mode", ("decode", "prefill"))
-    for path in ("workload.batch", "workload.prompt_len", "workload.gen_len", "exp.repeats"):
-        if int(OmegaConf.select(cfg, path)) < 1:
-            raise ConfigError(f"{path} must be >= 1, got {OmegaConf.select(cfg, path)}")
-    if cfg.model.num_layers is not None and cfg.model.num_layers < 1:
-        raise ConfigError(f"model.num_layers must be >= 1 or null, got {cfg.model.num_layers}")
-    if cfg.hardware.threads is not None and int(cfg.hardware.threads) < 1:
-        raise ConfigError(f"hardware.threads must be >= 1 (torch CPU threads) or null, got {cfg.hardware.threads}")
+    from experiments.field_checks import check_fields
+
+    check_fields(cfg)  # every number through its kind's parser, the field named
     _check_numa_nodes(cfg.hardware)
     if cfg.exp.kind == "accuracy" and not cfg.exp.accuracy.tasks:
         raise ConfigError("exp.kind=accuracy needs exp.accuracy.tasks (e.g. exp.accuracy.tasks=[hg_bigbench_social_iqa])")
     from experiments.point import method_params
 
-    build_method(cfg.method.name, **method_params(cfg))
+    method = build_method(cfg.method.name, **method_params(cfg))
     if cfg.exp.kind == "project" and not cfg.hardware.profile:
         raise ConfigError("exp.kind=project needs a hardware profile (e.g. hardware=h100)")
     if cfg.exp.kind != "project":
         from hybridgen.model.loading import check_checkpoint
 
         check_checkpoint(cfg.model.name, cfg.model.weights)  # a damaged cache or checkpoint: one line, now
+    from experiments.model_checks import check_against_model
+
+    check_against_model(cfg, method)  # layers, dense layers, windows against the model (refuse or warn)
     if cfg.exp.kind == "accuracy":
         from hybridgen.eval.tasks_data import check_tasks
 

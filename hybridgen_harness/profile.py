@@ -188,15 +188,9 @@ def check_out(out: Path, force: bool) -> None:
 
     One-line ConfigError otherwise; creates nothing (a temporary probe file is removed at once).
     """
-    from hybridgen.errors import ConfigError
+    from hybridgen.validation.paths import check_output_file
 
-    if out.is_dir():
-        raise ConfigError(f"--out {out} is a directory; give a file name, e.g. --out {out / 'measured.json'}")
-    if out.exists() and not force:
-        raise ConfigError(f"--out {out} already exists; pass --force to overwrite it, or choose another --out")
-    from hybridgen_harness.results import check_writable
-
-    check_writable(out.parent, name="--out directory", fix="choose another --out")
+    check_output_file("--out", out, force, example="measured.json")
 
 
 @cli_errors

@@ -22,7 +22,8 @@ released by the kernel when the process dies) from its skip check to its rename,
 identical run started meanwhile waits, then finds the run finished and skips it. Replacing a
 finished run needs ``force`` and is announced; nothing is ever replaced without it.
 
-A run directory with a ``DONE`` marker whose ``metrics.json`` is missing or not a JSON object
+A run directory with a ``DONE`` marker whose ``metrics.json`` is missing, not a JSON object or
+without the ``run.name`` a finished run writes (``{}``)
 is *damaged*: it counts as unfinished (a re-run redoes it and says so), and aggregation names
 the file it skipped.
 
@@ -51,8 +52,12 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from hybridgen.errors import ConfigError
 from hybridgen.naming import method_part, slug
+from hybridgen.validation.paths import check_writable, pid_alive  # noqa: F401  (check_writable: re-exported for the harness)
 
 DONE = "DONE"
+#: a finished run's metrics.json holds ``run: {name: ..., ...}`` (experiments/runner.py writes it);
+#: without it (``{}``, a half-written object) the run is damaged: re-run, never tabled as '?'
+FINISHED_RUN_KEYS = ("name",)
 METRICS = "metrics.json"
 CONFIG = "config.yaml"
 
@@ -93,29 +98,6 @@ def hardware_part(device: str, dtype: str, num_layers: int) -> str:
 
 
 # ----------------------------------------------------------------------------- checks
-def check_writable(root: os.PathLike | str, name: str = "results_dir", fix: str = "choose a writable results_dir=DIR"
-                   ) -> None:
-    """One-line ConfigError unless files can be written under ``root``; creates nothing.
-
-    The nearest existing ancestor must be a directory in which a file can be created (tried
-    with a temporary file that is removed at once; permission bits alone do not tell for root
-    or for read-only mounts). ``name`` and ``fix`` word the message for the caller's option.
-    """
-    path = Path(root).expanduser()
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"{name}={root}: {probe} is a file, not a directory; {fix}")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".hybridgen-write-test-", dir=probe)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as err:
-        why = err.strerror or type(err).__name__
-        raise ConfigError(f"{name}={root} is not writable (cannot create a file in {probe}: {why}); {fix}") from None
-
-
 def _metrics_problem(run_dir: Path) -> Optional[str]:
     """None when ``run_dir/metrics.json`` is a readable JSON object, else what is wrong with it."""
     path = run_dir / METRICS
@@ -128,20 +110,14 @@ def _metrics_problem(run_dir: Path) -> Optional[str]:
         return f"{path} is not valid JSON ({first})"
     if not isinstance(data, dict):
         return f"{path} holds a {type(data).__name__}, not a JSON object"
+    run = data.get("run")
+    if not isinstance(run, dict) or not all(isinstance(run.get(k), str) and run.get(k) for k in FINISHED_RUN_KEYS):
+        return (f"{path} lacks what a finished run writes (a 'run' object with "
+                f"{', '.join(repr(k) for k in FINISHED_RUN_KEYS)})")
     return None
 
 
 # ----------------------------------------------------------------------------- store
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _host() -> str:
     """This host's name as one dash-free token (temp dir names split on '-')."""
     return slug(socket.gethostname(), 30).replace("-", "_")
@@ -167,7 +143,7 @@ class ResultsStore:
     """The results of one experiment: ``<root>/<exp>/``."""
 
     def __init__(self, root: os.PathLike | str, exp: str):
-        self.root = Path(root)
+        self.root = Path(root).expanduser()  # as check_writable: '~/x' is the home's x, never a './~' folder
         self.exp = exp
         self.exp_dir = self.root / slug(exp, 60)
 
@@ -218,7 +194,7 @@ class ResultsStore:
         host = _host()
         for d in self.exp_dir.glob(".tmp-*"):
             m = re.fullmatch(r"\.tmp-.*-(?P<host>[^-]+)-(?P<pid>\d+)", d.name)
-            if m and m.group("host") == host and not _pid_alive(int(m.group("pid"))):
+            if m and m.group("host") == host and not pid_alive(int(m.group("pid"))):
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d)
         return removed

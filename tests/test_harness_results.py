@@ -47,15 +47,15 @@ def test_writing_is_atomic_and_never_overwrites_silently(tmp_path):
     assert not store.run_dir("r1").exists() and not store.is_done("r1")
     assert not list(store.exp_dir.glob(".tmp-*"))
     with store.writing("r1") as d:
-        (d / "metrics.json").write_text('{"v": 1}')
+        (d / "metrics.json").write_text('{"run": {"name": "r1"}, "v": 1}')
     assert store.is_done("r1")
     with pytest.raises(ConfigError, match="force=true"):
         with store.writing("r1"):
             pass
     msgs = []
     with store.writing("r1", force=True, log=msgs.append) as d:
-        (d / "metrics.json").write_text('{"v": 2}')
-    assert json.loads((store.run_dir("r1") / "metrics.json").read_text()) == {"v": 2}
+        (d / "metrics.json").write_text('{"run": {"name": "r1"}, "v": 2}')
+    assert json.loads((store.run_dir("r1") / "metrics.json").read_text())["v"] == 2
     assert msgs and "replaced" in msgs[0]
     (store.exp_dir / "half").mkdir()
     with pytest.raises(ConfigError, match="no finished run"):

@@ -221,6 +221,10 @@ CASES: List[Case] = [
          expect="rolling_prefill", shown="HybridGenLM(rolling_prefill='half')"),
 ]
 
+from _bad_inputs_more import more_cases  # noqa: E402  (issue 25's cases)
+
+CASES += more_cases(Case, REAL)
+
 
 # ------------------------------------------------------------------------------ running a case
 @dataclass
@@ -422,7 +426,9 @@ def write_table(path: Path) -> Dict[str, int]:
         *rows,
         "",
     ]
-    path.write_text("\n".join(lines))
+    old = path.read_text() if path.exists() else ""
+    fuzz = old[old.index("<!-- fuzz: begin"):] if "<!-- fuzz: begin" in old else ""  # tests/fuzz_configs.py --doc
+    path.write_text("\n".join(lines) + ("\n" + fuzz if fuzz else ""))
     return counts
 
 

@@ -49,7 +49,7 @@ HOLDER = textwrap.dedent("""
     from hybridgen_harness.results import ResultsStore, write_json
     store = ResultsStore({tmp!r}, "exp")
     with store.writing("r1") as d:
-        write_json(d / "metrics.json", {{"who": "holder"}})
+        write_json(d / "metrics.json", {{"run": {{"name": "holder"}}}})
         print("holding", flush=True)
         time.sleep({hold})
 """)
@@ -71,7 +71,7 @@ def test_a_second_writer_waits_for_the_lock_then_finds_the_run_finished(tmp_path
     assert holder.wait(30) == 0
     assert waited > 0.5 and msgs and msgs[0].startswith("waiting: another process is running")
     assert not any("replaced" in m for m in msgs)
-    assert json.loads((store.run_dir("r1") / "metrics.json").read_text()) == {"who": "holder"}
+    assert json.loads((store.run_dir("r1") / "metrics.json").read_text()) == {"run": {"name": "holder"}}
     assert not list(store.exp_dir.glob(".lock-*")) and not list(store.exp_dir.glob(".tmp-*"))
 
 
@@ -85,7 +85,7 @@ def test_a_killed_lock_holder_does_not_block_and_leaves_nothing_finished(tmp_pat
     assert not store.is_done("r1") and len(list(store.exp_dir.glob(".tmp-*"))) == 1
     msgs = []
     with store.writing("r1", log=msgs.append) as d:              # the kernel released the dead holder's lock
-        results.write_json(d / "metrics.json", {"who": "second"})
+        results.write_json(d / "metrics.json", {"run": {"name": "second"}})
     assert store.is_done("r1") and not msgs
     assert store.clean_stale() and not list(store.exp_dir.glob(".tmp-*"))
 
@@ -93,14 +93,14 @@ def test_a_killed_lock_holder_does_not_block_and_leaves_nothing_finished(tmp_pat
 def test_replacing_needs_force_and_only_then_says_replaced(tmp_path):
     store = results.ResultsStore(tmp_path, "exp")
     with store.writing("r1") as d:
-        results.write_json(d / "metrics.json", {"v": 1})
+        results.write_json(d / "metrics.json", {"run": {"name": "r1"}, "v": 1})
     msgs = []
     with pytest.raises(ConfigError, match="already finished; pass force=true"):
         with store.writing("r1", log=msgs.append):
             pass
     assert msgs == []
     with store.writing("r1", force=True, log=msgs.append) as d:
-        results.write_json(d / "metrics.json", {"v": 2})
+        results.write_json(d / "metrics.json", {"run": {"name": "r1"}, "v": 2})
     assert msgs == [f"replaced finished run {store.run_dir('r1')} (force=true)"]
 
 

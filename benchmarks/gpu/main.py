@@ -3,6 +3,7 @@ the per-layer grid, kernels, projection, report (see the package docstring)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -19,14 +20,28 @@ from benchmarks.gpu.projection import projection_rows
 from benchmarks.gpu.report import environment, write
 from benchmarks.gpu.scan import run_scan
 from hybridgen import runtime
+from hybridgen.errors import ConfigError, HybridGenError
+from hybridgen.validation.cli import check_output_dir, exit_one_line, parse_checked, strict_parser
 
 ROOT = Path(__file__).resolve().parents[2]
+OUTPUT_FILES = ("bench_gpu.csv", "bench_gpu.md", "environment.json")  #: what report.write puts in --out
+
+
+def _positive_list(flag: str, text: str, kind: type) -> None:
+    """A comma list of positive finite numbers of ``kind``; ConfigError naming the flag otherwise."""
+    for item in text.split(","):
+        try:
+            x = kind(item)
+        except ValueError:
+            raise ConfigError(f"{flag} takes a comma list of {kind.__name__} values, got {item!r}") from None
+        if not (math.isfinite(x) and x > 0) or (flag == "--shares" and x > 1):
+            raise ConfigError(f"{flag} values must be {'in (0, 1]' if flag == '--shares' else '> 0'}, got {item!r}")
 SECTIONS = "scan,layer,e2e,kernels,projection"
 
 
 def parse_config(argv: Optional[List[str]]) -> "tuple[BenchConfig, argparse.Namespace]":
-    ap = argparse.ArgumentParser(prog="benchmarks/bench_gpu.py",
-                                 description="GPU benchmark of HybridGen against the baselines (benchmarks/gpu/)")
+    ap = strict_parser(prog="benchmarks/bench_gpu.py",
+                       description="GPU benchmark of HybridGen against the baselines (benchmarks/gpu/)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (checks that the script runs)")
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else results/gpu or results/gpu_smoke)")
     ap.add_argument("--budget-s", type=float, default=None, help="global time budget in seconds (default 300)")
@@ -35,7 +50,15 @@ def parse_config(argv: Optional[List[str]]) -> "tuple[BenchConfig, argparse.Name
     ap.add_argument("--sections", default=SECTIONS)
     ap.add_argument("--torch-threads", type=int, default=None, help="torch threads (default: all cores but one)")
     ap.add_argument("--scan-threads", type=int, default=None, help="CPU key-scan threads (default: all cores but one)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--force", action="store_true", help="overwrite the files of an earlier run in the output folder")
+    args = parse_checked(ap, argv)
+    try:
+        if args.contexts:
+            _positive_list("--contexts", args.contexts, int)
+        if args.shares:
+            _positive_list("--shares", args.shares, float)
+    except HybridGenError as err:
+        raise exit_one_line(err) from None
     cfg = BenchConfig.smoke() if args.cpu_smoke else BenchConfig()
     if args.budget_s is not None:
         cfg.budget_s = args.budget_s
@@ -61,6 +84,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(cfg.device)
     sections = set(args.sections.split(","))
     out_dir = Path(args.out or os.environ.get("OUT") or ROOT / ("results/gpu_smoke" if args.cpu_smoke else "results/gpu"))
+    try:  # before any measurement: a committed result is never overwritten without --force
+        check_output_dir("--out", out_dir, args.force, OUTPUT_FILES)
+    except HybridGenError as err:
+        raise exit_one_line(err) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock(cfg.budget_s, cfg.margin_s)
     rows: List[Dict[str, Any]] = []

@@ -16,7 +16,12 @@ With ``--model hybridgen`` the wrapper also:
   ``tokenizer`` is given), so RULER (``niah_single_1`` ...) runs without naming it by hand;
 - names the output directory after model and method: ``--output_path out`` writes
   ``out/<model>__<method>[-param=value...]/results_<date>.json`` (and the samples beside it)
-  instead of lm-eval's ``out/<model>/``; a path ending in ``.json`` is left as given;
+  instead of lm-eval's ``out/<model>/``; a path ending in ``.json`` is left as given; the path is
+  checked before the task index or the model (a file where a directory goes, an unwritable or
+  empty path: one line) and a run whose results were not saved exits 2 (lm-eval never
+  overwrites: its file names carry the date);
+- passes an explicit ``--device`` (e.g. ``cuda:1``) to the engine as ``engine_device``, checked
+  before the model loads (without it the engine picks cuda when available, else the cpu);
 - follows lm-eval's ``--verbosity`` for its own messages and progress bars
   (``--verbosity WARNING`` hides both; see :mod:`hybridgen.log`);
 - prints the fidelity summary (top-1 agreement and KL against ``full``) after the table when
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
@@ -71,6 +77,47 @@ def _check_hybridgen_args(ns) -> None:
     raw = getattr(ns, "model_args", None)
     args = simple_parse_args_string(raw) if isinstance(raw, str) else dict(raw or {})
     check_model_args(**args)
+    device = _explicit_device(ns) or args.get("engine_device")
+    if device is not None:  # --device cuda:3 reaches the engine; a device it cannot use: one line, now
+        from hybridgen.model.loading import parse_device
+
+        parse_device(str(device))
+        if "engine_device" not in args:
+            args["engine_device"] = str(device)
+            ns.model_args = ",".join(f"{k}={v}" for k, v in args.items()) if isinstance(raw, str) or raw is None \
+                else {**dict(raw), "engine_device": str(device)}
+    out = getattr(ns, "output_path", None)
+    if out is not None:
+        check_output_path(str(out))
+
+
+def _explicit_device(ns) -> Optional[str]:
+    """--device when it is on the command line (lm-eval fills in "cuda:0" otherwise)."""
+    given = any(a == "--device" or a.startswith("--device=") for a in sys.argv[1:])
+    return getattr(ns, "device", None) if given else None
+
+
+def check_output_path(out: str) -> None:
+    """--output_path must be a place lm-eval can write (it would log one INFO line and exit 0)."""
+    from hybridgen.validation.paths import require_path
+
+    path = require_path("--output_path", out)
+    target = path.parent if path.suffix == ".json" else path
+    if path.suffix == ".json" and path.is_dir():
+        from hybridgen.errors import ConfigError
+
+        raise ConfigError(f"--output_path {out} is a directory; give a directory without .json or a new file name")
+    from hybridgen.validation.paths import check_writable
+
+    check_writable(target, name="--output_path", fix="choose another --output_path")
+
+
+def saved_results(out: str, since: float) -> bool:
+    """True when lm-eval wrote a results file under ``out`` (lm-eval names it results_<date>.json) after ``since``."""
+    path = Path(out).expanduser()
+    where = path.parent if path.suffix == ".json" else path
+    pattern = f"{path.stem}_*.json" if path.suffix == ".json" else "results_*.json"
+    return where.is_dir() and any(p.stat().st_mtime >= since - 1 for p in where.glob(pattern))
 
 
 def _as_dict(raw) -> dict:
@@ -129,7 +176,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     runtime.apply_or_exit()  # thread/env settings, then torch (before numba; docs/design.md)
     import hybridgen.eval.lm_eval_model  # noqa: F401  (registers the `hybridgen` model)
-    from hybridgen.errors import HybridGenError
+    from hybridgen.errors import ConfigError, HybridGenError
     from hybridgen.eval.lm_eval_errors import explain
     from hybridgen.eval.tasks_data import tasks_dir
 
@@ -158,7 +205,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from hybridgen.eval.lm_eval_model import REPORTS
 
         done = len(REPORTS)
+        started = time.time()
         parser.execute(ns)
+        out = getattr(ns, "output_path", None) if hybridgen_run else None
+        if out and not saved_results(str(out), started):
+            raise ConfigError(f"lm-eval did not save its results under --output_path {out} (a full or read-only "
+                              "file system?); free space or choose another --output_path and re-run")
         for rec in REPORTS[done:]:
             if rec.get("fidelity") is not None:
                 print(format_report(rec))

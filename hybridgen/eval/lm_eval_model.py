@@ -127,7 +127,7 @@ def check_model_args(method: str = "full", score_mode: str = "decode", rolling_p
 
 #: arguments of the model loader (and of lm-eval's own model plumbing), not method parameters
 _LOADER_ARGS = ("model", "weights", "dtype", "num_layers", "seed", "batch_size", "engine", "pretrained",
-                "max_batch_size", "device", "trust_remote_code", "tokenizer")
+                "max_batch_size", "device", "trust_remote_code", "tokenizer", "engine_device")
 
 
 @register_model("hybridgen")
@@ -140,8 +140,11 @@ class HybridGenLM(LM):
                  max_gen_toks: int = 32, add_bos: Optional[bool] = None, batch_size: Any = 16, engine: Any = None,
                  progress: bool = True, pretrained: Optional[str] = None, **kwargs: Any):
         super().__init__()
+        # lm-eval passes these to every model; its 'device' is "cuda:0" even when --device is not given,
+        # so the engine takes only an explicit one: engine_device (the wrapper sets it from --device)
+        device = kwargs.pop("engine_device", None)
         for k in ("max_batch_size", "device", "trust_remote_code", "tokenizer"):
-            kwargs.pop(k, None)  # lm-eval passes these to every model; the engine picks its device
+            kwargs.pop(k, None)
         args = check_model_args(method=method, score_mode=score_mode, rolling_prefill=rolling_prefill,
                                 fidelity=fidelity, add_bos=add_bos, progress=progress, max_gen_toks=max_gen_toks,
                                 max_length=max_length, **kwargs)
@@ -151,7 +154,7 @@ class HybridGenLM(LM):
             from hybridgen.model import load_model
 
             engine = load_model(pretrained or model, weights=weights, dtype=dtype, seed=int(seed),
-                                num_layers=num_layers)
+                                num_layers=num_layers, device=device)
         self.engine = engine
         self.tok = engine.tokenizer
         if self.tok is None:

@@ -20,17 +20,20 @@ from hybridgen.kv import numa
 TIER_NAMES = ("gpu", "dram", "cxl")
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+MAX_BYTES = 2 ** 60  #: the largest size accepted (1 EiB): past it, a number is a typo, not a machine
 
 
 def parse_bytes(value: Union[None, int, float, str]) -> Optional[int]:
-    """'24GiB', '1.5 GB', 1e9, None ('unlimited') -> bytes or None. Negative or malformed -> error."""
+    """'24GiB', '1.5 GB', 1e9, None ('unlimited') -> bytes or None. Negative, malformed, NaN or
+    above MAX_BYTES (1 EiB, also an overflow such as '1e309GiB') -> error; float('inf') and the
+    words 'inf'/'unlimited'/'none' mean unlimited."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "unlimited", "inf")):
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        n = float(value)
-        if math.isinf(n) and n > 0:
+        n = float(value) if not abs(value) >= MAX_BYTES * 2 else (math.inf if value > 0 else -math.inf)  # NaN stays NaN
+        if isinstance(value, float) and math.isinf(value) and value > 0:
             return None
-        if not math.isfinite(n):
+        if math.isnan(n):
             raise ConfigError(f"cannot read {value!r} as a size; write e.g. '24GiB', '512MB' or a byte count")
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value), re.IGNORECASE)
@@ -39,6 +42,9 @@ def parse_bytes(value: Union[None, int, float, str]) -> Optional[int]:
         n = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if n < 0:
         raise ConfigError(f"a capacity must be >= 0, got {value!r}")
+    if n > MAX_BYTES:  # also 1e309GiB (inf after the multiplication): int() of it would overflow
+        raise ConfigError(f"a size must be at most 1 EiB ({MAX_BYTES} bytes), got {value!r}; "
+                          "write 'unlimited' or null for no limit")
     return int(n)
 
 

@@ -14,7 +14,9 @@ written             means                                  notes
 ``0``, ``0.0``      nothing                                refused where a method needs a token
 ==================  =====================================  ==================================
 
-A ratio above 1, a negative number, NaN, a boolean or any other text is refused with one line.
+A ratio above 1, a negative number, NaN or inf, a boolean or any other text is refused with one
+line; so is a mapping ``{ratio: 0.2}`` / ``{tokens: 512}`` whose value is not a number of that kind
+(``{ratio: '0.5'}``, ``{tokens: 5.5}``).
 """
 from __future__ import annotations
 
@@ -38,8 +40,13 @@ class Budget:
     def __post_init__(self):
         if (self.ratio is None) == (self.tokens is None):
             raise ConfigError(f"a budget is either a ratio or a token count, not both or neither; {EXAMPLES}")
-        if self.ratio is not None and (math.isnan(self.ratio) or not 0.0 <= self.ratio <= 1.0):
-            hint = f"; for a token count write '{int(self.ratio)}t'" if self.ratio > 1 and self.ratio == int(self.ratio) else ""
+        if self.ratio is not None and (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))):
+            raise ConfigError(f"a budget ratio must be a number in [0, 1], got {self.ratio!r}; {EXAMPLES}")
+        if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int)):
+            raise ConfigError(f"a budget token count must be a whole number, got {self.tokens!r}; {EXAMPLES}")
+        if self.ratio is not None and (not math.isfinite(self.ratio) or not 0.0 <= self.ratio <= 1.0):
+            whole = math.isfinite(self.ratio) and self.ratio > 1 and self.ratio == int(self.ratio)
+            hint = f"; for a token count write '{int(self.ratio)}t'" if whole else ""
             raise ConfigError(f"a budget ratio must be in [0, 1], got {self.ratio}{hint}")
         if self.tokens is not None and self.tokens < 0:
             raise ConfigError(f"a budget token count must be >= 0, got {self.tokens}")
@@ -53,7 +60,7 @@ class Budget:
             unknown = sorted(set(value) - {"ratio", "tokens"})
             if unknown:
                 raise ConfigError(f"a budget has only 'ratio' or 'tokens', not {', '.join(map(repr, unknown))}")
-            return cls(**value)
+            return cls(**{str(k): v for k, v in value.items()})
         if isinstance(value, bool) or value is None:
             raise ConfigError(f"cannot read {value!r} as a budget; {EXAMPLES}")
         if isinstance(value, float):

@@ -6,8 +6,8 @@ through :func:`hybridgen.methods.build_method`, from Hydra's ``method.params`` o
 
 - ``bool``: True/False; 'true'/'false', 'yes'/'no', 'on'/'off', '1'/'0' (any case) and the
   integers 1/0 with their plain meaning; anything else is refused;
-- ``int``: an int or integer text ('256'); floats, booleans and other text are refused;
-- ``float``: an int, a float or numeric text; NaN, booleans and other text are refused;
+- ``int``: an int or integer text ('256') with |x| < 2**63; floats, booleans and other text are refused;
+- ``float``: an int, a float or numeric text; NaN, +-inf, booleans and other text are refused;
 - ``str``: text only; ``Literal[...]``: one of the listed choices;
 - ``Budget``: parsed by its grammar (:mod:`hybridgen.methods.budget`) because of its type;
 - ``Optional[X]``: None, or 'null'/'none' text, or an X;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
@@ -32,6 +33,7 @@ from hybridgen.methods.budget import Budget
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
 NONE_WORDS = ("null", "none")
+INT_LIMIT = 2 ** 63
 
 
 @dataclass(frozen=True)
@@ -140,10 +142,12 @@ def _convert_base(method: str, name: str, base: Any, value: Any) -> Any:
             return value.strip().lower() in TRUE_WORDS
         raise _fail(method, name, _describe(bool) + " (also yes/no, on/off, 1/0)", value)
     if base is int:
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):  # ASCII digits ('²' is a digit too)
+            value = int(value.strip())
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value < INT_LIMIT:  # torch and numpy would overflow on it later
+                raise _fail(method, name, "an integer of at most 63 bits (|x| < 2**63)", value)
             return value
-        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-            return int(value.strip())
         raise _fail(method, name, "an integer", value)
     if base is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -155,8 +159,8 @@ def _convert_base(method: str, name: str, base: Any, value: Any) -> Any:
                 raise _fail(method, name, "a number", value) from None
         else:
             raise _fail(method, name, "a number", value)
-        if math.isnan(x):
-            raise _fail(method, name, "a number (not NaN)", value)
+        if not math.isfinite(x):
+            raise _fail(method, name, "a finite number (not NaN or inf)", value)
         return x
     if base is str:
         if isinstance(value, str):

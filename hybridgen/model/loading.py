@@ -83,6 +83,7 @@ def check_checkpoint(name_or_path: Union[str, Path], weights: str = "real") -> N
     name = str(name_or_path)
     if name == smollm2.MODEL_NAME:
         path, fix = smollm2.prepared_dir(), _damaged_cache_fix(smollm2.prepared_dir())
+        smollm2.check_location(path)  # a dangling link or a file: one line, before any conversion
         if not path.exists():
             return
     elif name in list_models() or hub.is_hub_id(name):
@@ -95,6 +96,10 @@ def check_checkpoint(name_or_path: Union[str, Path], weights: str = "real") -> N
     problem = checkpoint_problem(path)
     if problem:
         raise MissingDataError(f"checkpoint {path} is damaged: {problem}; {fix}")
+    if name == smollm2.MODEL_NAME:
+        from hybridgen.model import cache_integrity
+
+        cache_integrity.verify(path)  # sizes, and hashes on this process's first check
 
 
 def _resolve(name_or_path: Union[str, Path], weights: str):
@@ -139,7 +144,12 @@ def _load_tokenizer(path: Optional[Path]):
         return None
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:  # noqa: BLE001 - a truncated tokenizer.json is a JSON/tokenizers error
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        fix = (_damaged_cache_fix(path) if path == smollm2.prepared_dir() else f"re-download the tokenizer into {path}")
+        raise MissingDataError(f"the tokenizer in {path} cannot be read ({type(err).__name__}: {first}); {fix}") from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok

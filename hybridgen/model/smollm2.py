@@ -11,8 +11,11 @@ Choices:
 - saved in float32 (540 MB rather than 270 MB in bf16): the dequantised Q4_1 values
   (fp16 scale * 4-bit code + fp16 min) generally need more than bf16's 8 mantissa bits, so
   float32 keeps the GGUF's weights exactly; runs in bf16 cast at load time.
-- atomic: everything is written to a temporary sibling directory that is renamed into place,
-  so an interrupted preparation never leaves a half-written model that looks complete.
+- atomic: everything is written to a temporary sibling directory (``.smollm2-135m-<pid>-*``)
+  that is renamed into place, so an interrupted preparation never leaves a half-written model
+  that looks complete; a killed one's temp directory is removed on the next start;
+- checksummed: the size and SHA-256 of each file are recorded at conversion and verified
+  (:mod:`hybridgen.model.cache_integrity`); a mismatch says to delete the directory and rerun.
 """
 from __future__ import annotations
 
@@ -62,10 +65,38 @@ def is_prepared(path: Path) -> bool:
     return path.is_dir() and checkpoint_problem(path) is None
 
 
+def check_location(target: Path) -> None:
+    """The cache path: a dangling link, a file where a directory goes: one line naming it."""
+    for p in [target, *target.parents]:
+        if p.is_symlink() and not p.exists():
+            raise MissingDataError(f"model cache path {p} is a symbolic link to nothing ({os.readlink(p)}); remove "
+                                   "the link or point it at a directory (or set HYBRIDGEN_CACHE to a directory)")
+        if p.exists() and not p.is_dir():
+            raise MissingDataError(f"model cache path {p} is a file, not a directory; move it away or set "
+                                   "HYBRIDGEN_CACHE to a directory")
+
+
+def clean_stale_temp(parent: Path) -> None:
+    """Remove the temp directories of conversions whose process is gone (a SIGKILL leaves one)."""
+    from hybridgen.validation.paths import pid_alive
+
+    for d in parent.glob(f".{MODEL_NAME}-*-*"):
+        pid = d.name[len(MODEL_NAME) + 2:].split("-", 1)[0]
+        if d.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def ensure_smollm2(verbose: bool = True) -> Path:
-    """The prepared checkpoint directory, preparing it on first use (about 20 s)."""
+    """The prepared checkpoint directory, preparing it on first use (about 20 s); verified against
+    the checksums recorded at conversion (:mod:`hybridgen.model.cache_integrity`)."""
+    from hybridgen.model import cache_integrity
+
     target = prepared_dir()
+    check_location(target)
+    if target.parent.is_dir():
+        clean_stale_temp(target.parent)
     if is_prepared(target):
+        cache_integrity.verify(target)
         return target
     if target.exists():
         from hybridgen.model.weights import checkpoint_problem
@@ -77,10 +108,15 @@ def ensure_smollm2(verbose: bool = True) -> Path:
     if verbose:
         logging.getLogger(__name__).warning("hybridgen: preparing SmolLM2-135M-Instruct once (GGUF -> safetensors, "
                                             "~20 s) into %s", target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}-{os.getpid()}-", dir=target.parent))
+    except OSError as err:
+        raise MissingDataError(f"model cache {target.parent} is not writable ({err.strerror or err}); set "
+                               "HYBRIDGEN_CACHE to a writable directory") from None
     try:
         _convert(gguf, tmp)
+        cache_integrity.write_manifest(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary directory
         try:
             os.rename(tmp, target)

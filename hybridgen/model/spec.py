@@ -258,7 +258,12 @@ def shipped_config(name: str) -> Dict[str, Any]:
 
 def read_config_file(path: Path, name: str = "") -> Dict[str, Any]:
     """Read a config.json; a malformed file is a ConfigError naming the file."""
+    from hybridgen.model.config_check import check_hf_config
+
     try:
-        return json.loads(Path(path).read_text())
+        cfg = json.loads(Path(path).read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); fix or re-download it") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} cannot be read ({getattr(err, 'strerror', None) or err}); fix or re-download it") from None
+    return check_hf_config(cfg, str(path))  # 0 heads, text for a number...: one line naming file and key

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -246,7 +247,7 @@ def profile_from_dict(raw: Dict[str, Any], where: str = "profile") -> HardwarePr
     if cxl_raw is not None:
         _section(CXLSpec, cxl_raw, f"{where} section 'cxl'")
     for path, val in _numeric_paths({k: raw[k] for k in ("gpu", "link", "host", "cxl") if raw.get(k) is not None}):
-        if val < 0 or (val == 0 and path.endswith(("gbps", "tflops"))):
+        if not math.isfinite(val) or val < 0 or (val == 0 and path.endswith(("gbps", "tflops"))):
             raise ConfigError(f"{where}: {path} = {val} must be positive; fix the profile")
         if not _has_source(path, sources):
             raise ConfigError(f"{where}: {path} has no entry in 'sources'; cite where the figure comes from")

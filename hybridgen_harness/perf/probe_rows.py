@@ -26,10 +26,12 @@ Times are seconds; every prediction is PROJECTED.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+from hybridgen.errors import ConfigError
 from hybridgen.perf.context import CostContext
 from hybridgen.hybrid.cost import hybridgen_cost
 from hybridgen.perf.costs import PARTIAL_KERNELS, cpu_attention_split_cost, full_cost, stream_cost
@@ -63,6 +65,12 @@ class Row:
     fitted: str = ""
     note: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        m = self.measured_s
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
+            raise ConfigError(f"{self.source}: the measured time of {self.name!r} is {m!r} s; a time must be a "
+                              "positive finite number: the probe file is damaged, re-run the probe")
 
     @property
     def error_pct(self) -> float:

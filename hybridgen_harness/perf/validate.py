@@ -146,15 +146,22 @@ def _print(result: Dict[str, Any]) -> None:
 
 @cli_errors
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hybridgen_harness.perf.validate",
-                                 description="Performance model: predicted vs measured (PROJECTED predictions).")
+    from hybridgen.validation.cli import strict_parser
+    from hybridgen.validation.paths import check_output_file
+
+    ap = strict_parser(prog="python -m hybridgen_harness.perf.validate",
+                       description="Performance model: predicted vs measured (PROJECTED predictions).")
     ap.add_argument("--json", required=True, help="write the rows here (JSON)")
     ap.add_argument("--md", default=None, help="also write the table as markdown")
     ap.add_argument("--probe-dir", default=None, help="the H200-host probe files (default ../shared/measurements/...)")
     ap.add_argument("--quick", action="store_true", help="one tiny shape, one round (seconds)")
     ap.add_argument("--no-local", action="store_true", help="skip the runs on this machine (part b)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of profile + runs per shape (default 5)")
+    ap.add_argument("--force", action="store_true", help="overwrite existing --json / --md files")
     args = ap.parse_args(argv)
+    check_output_file("--json", args.json, args.force)  # before measuring; never overwritten without --force
+    if args.md:
+        check_output_file("--md", args.md, args.force, example="table.md")
     cmd = "python -m hybridgen_harness.perf.validate " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.rounds < 1:
         from hybridgen.errors import ConfigError
@@ -163,12 +170,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = run_validation(args.probe_dir, local=not args.no_local, quick=args.quick, command=cmd.strip(),
                             rounds=args.rounds)
     _print(result)
-    out = Path(args.json)
+    out = Path(args.json).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     if args.md:
-        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.md).write_text(markdown(result))
+        Path(args.md).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md).expanduser().write_text(markdown(result))
     print(f"wrote {out}" + (f" and {args.md}" if args.md else ""))
     return 0
 
