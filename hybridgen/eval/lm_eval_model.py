@@ -422,6 +422,8 @@ class HybridGenLM(LM):
         return self.tok.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def _bar(self, total: int, desc: str, disable: bool):
-        from tqdm.auto import tqdm
+        """lm-eval's request bar: asked for by ``progress`` and hidden by a quiet verbosity (hybridgen/log.py)."""
+        from hybridgen.log import bar
 
-        return tqdm(total=total, desc=f"{desc} [{self.method_name}]", disable=disable or not self.progress)
+        return bar(total=total, desc=f"{desc} [{self.method_name}]", disable=disable or not self.progress,
+                   explicit=True)
