@@ -8,14 +8,12 @@ sweep before the first one runs.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.locations import CONF_DIR
 from hybridgen.errors import ConfigError, HybridGenError
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _first_line(err: BaseException) -> str:

@@ -84,6 +84,7 @@ def set_verbosity(level: Union[None, str, int] = None) -> int:
     logger that existed before it. Returns the level.
     """
     n = parse_level(level if level is not None else os.environ.get(ENV, "info"))
+    changed = not verbosity_was_set() or logging.getLogger(ROOT).level != n
     for name, lg in list(logging.root.manager.loggerDict.items()):
         if isinstance(lg, logging.Logger) and any(name == r or name.startswith(r + ".") for r in NAMES):
             lg.disabled = False
@@ -97,7 +98,8 @@ def set_verbosity(level: Union[None, str, int] = None) -> int:
             lg.addHandler(h)
             lg.propagate = False
     _third_party(n)
-    logging.getLogger(ROOT).debug("verbosity: %s", logging.getLevelName(n).lower())
+    if changed:
+        logging.getLogger(ROOT).debug("verbosity: %s", logging.getLevelName(n).lower())
     return n
 
 
