@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 # made 2-thread decode steps ~15x slower (measured on the 2-core dev machine)
 export OMP_WAIT_POLICY := passive
 
-.PHONY: venv run test test-all bench clean-venv data quickstart results figures
+.PHONY: venv run test test-all bench clean-venv data quickstart results figures install
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# A non-editable install into the venv: `hybridgen run +exp=quickstart results_dir=/tmp/x` then
+# works from any directory with the packaged configs (conf/ ships inside the wheel).
+install: venv
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation .
 
 run: venv
 	$(PY) experiments/run.py +exp=quickstart results_dir=outputs
