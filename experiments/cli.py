@@ -22,7 +22,7 @@ def run(argv: List[str]) -> int:
 
 
 def figures(argv: List[str]) -> int:
-    """``hybridgen figures [--results-dir DIR]``: summary tables, then every notebook's PNGs under DIR/figures."""
+    """``hybridgen figures [--results-dir DIR] [--only a,b]``: summary tables, then every notebook's PNGs under DIR/figures."""
     from experiments import aggregate
     from experiments.locations import NOTEBOOKS_DIR
     from hybridgen.errors import ConfigError
@@ -30,7 +30,18 @@ def figures(argv: List[str]) -> int:
     p = argparse.ArgumentParser(prog="hybridgen figures", description=figures.__doc__.split(": ", 1)[1])
     p.add_argument("--results-dir", default="results",
                    help="the results to draw (default: ./results, relative to the current directory)")
+    p.add_argument("--only", default="", help="comma-separated notebooks (default: all), e.g. memory,cpu_scan")
     args = p.parse_args(argv)
+    notebooks = sorted(NOTEBOOKS_DIR.glob("*.py"))
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        known = {nb.stem: nb for nb in notebooks}
+        for n in wanted:
+            if n not in known:
+                from hybridgen.errors import unknown_name
+
+                raise unknown_name("notebook", n, known)
+        notebooks = [known[n] for n in wanted]
     root = Path(args.results_dir).expanduser().resolve()
     if not root.is_dir():
         raise ConfigError(f"--results-dir {root} is not a directory; run an experiment first "
@@ -39,7 +50,7 @@ def figures(argv: List[str]) -> int:
     aggregate.main(["--all", "--results-dir", str(root)])
     env = {**os.environ, "HYBRIDGEN_RESULTS": str(root), "MPLBACKEND": "Agg"}
     failed = []
-    for nb in sorted(NOTEBOOKS_DIR.glob("*.py")):
+    for nb in notebooks:
         done = subprocess.run([sys.executable, str(nb)], env=env, cwd=str(root))
         if done.returncode != 0:
             failed.append(nb.stem)
