@@ -75,8 +75,8 @@ def set_verbosity(level: Union[None, str, int] = None) -> int:
     """Send our loggers' messages to stderr at ``level`` (None: ``$HYBRIDGEN_LOG_LEVEL``, else info).
 
     Bars are shown at info and debug, hidden above; the loggers of the libraries we drive
-    (:data:`THIRD_PARTY`) get the same level when it is above info, and transformers' own
-    bars follow.
+    (:data:`THIRD_PARTY`) follow (see :func:`_third_party`), and so do transformers' and
+    datasets' own bars.
 
     Safe to call more than once (one handler per logger; the last level wins). Our loggers and
     their children are enabled again: a ``logging.config.dictConfig`` with
@@ -112,11 +112,9 @@ def get_verbosity() -> int:
 
 
 def _third_party(n: int) -> None:
-    """Our level for the libraries we drive, when it hides more than their default (info)."""
-    for name in THIRD_PARTY:
-        if n > logging.INFO or name == "lm_eval":
-            logging.getLogger(name).setLevel(n)
-    if n > logging.INFO or "transformers" in sys.modules:
+    """Our level for the libraries we drive: lm-eval's follows ours; the Hugging Face libraries keep
+    their default (warning) unless ours hides more (their debug output is not ours to ask for)."""
+    if n > logging.INFO or "transformers" in sys.modules:  # first: its import sets its logger's level
         from transformers.utils import logging as hf_logging
 
         (hf_logging.enable_progress_bar if n <= logging.INFO else hf_logging.disable_progress_bar)()
@@ -124,6 +122,8 @@ def _third_party(n: int) -> None:
         import datasets
 
         (datasets.enable_progress_bars if n <= logging.INFO else datasets.disable_progress_bars)()
+    for name in THIRD_PARTY:
+        logging.getLogger(name).setLevel(n if name == "lm_eval" else max(n, logging.WARNING))
 
 
 def hide_foreign_bars(level: Union[None, str, int]) -> None:
