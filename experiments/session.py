@@ -3,7 +3,6 @@ and the environment record (a sweep over methods loads its model once)."""
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
