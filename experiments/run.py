@@ -11,7 +11,9 @@ this process, sharing the loaded model and the fidelity reference (experiments/r
 
 Before the first job, every point is composed and validated (experiments/preflight.py, a Hydra
 callback): a misspelt key, an unknown method or parameter, a bad value -> one line on stderr,
-exit status 2. Finished runs are skipped (``force=true`` replaces them), so re-running an
+exit status 2. ``-q`` hides progress messages and bars (``-qq``: errors only), ``-v`` (or Hydra's
+``hydra.verbose=true``) adds debug messages; ``HYBRIDGEN_LOG_LEVEL`` sets the default (hybridgen/log.py).
+``--methods`` lists every registered method with its parameters. Finished runs are skipped (``force=true`` replaces them), so re-running an
 interrupted sweep completes only what is missing. Results: outputs/<exp>/<run-name>/ by default
 (results_dir=...; see hybridgen_harness/results.py); ``python experiments/aggregate.py <exp>`` collects
 them into one table. An unwritable results_dir is refused before anything runs. A point that
@@ -20,6 +22,7 @@ run (the table shows it as failed, exit status 2); ``fail_fast=true`` stops at t
 """
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Optional
@@ -37,17 +40,19 @@ import torch  # noqa: E402  (before anything that may import numba: docs/design.
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from experiments.locations import CONF_DIR  # noqa: E402
 from experiments.schema import register_configs  # noqa: E402
 from experiments import preflight  # noqa: E402
+from hybridgen import log  # noqa: E402
 from hybridgen.errors import HybridGenError  # noqa: E402
 
 register_configs()
 
 _OUTCOMES: dict = {}       # job number -> Outcome, for the jobs run in this process
-_STATE = {"stop": False, "user_error": False}
+_STATE = {"stop": False, "user_error": False, "level": None}
 
 
-@hydra.main(version_base="1.3", config_path=str(_ROOT / "conf"), config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_job(cfg: DictConfig) -> Optional[str]:
     """One job of the sweep: runs its point with the process's shared session."""
     from hydra.core.hydra_config import HydraConfig
@@ -56,6 +61,7 @@ def hydra_job(cfg: DictConfig) -> Optional[str]:
     from experiments.session import Outcome, shared_session
     from experiments.validate import to_run_config, validate
 
+    log.set_verbosity(_STATE["level"])  # again: Hydra's job logging (dictConfig) ran since main()
     hc = HydraConfig.get()
     num = int(OmegaConf.select(hc.job, "num", default=0, throw_on_missing=False) or 0)  # hydra.mode=RUN: none
     overrides = list(hc.overrides.task)
@@ -63,6 +69,7 @@ def hydra_job(cfg: DictConfig) -> Optional[str]:
         return "not run"
     session = shared_session()
     run_cfg = to_run_config(cfg)
+    logging.getLogger("experiments.run").debug("point %d, resolved config:\n%s", num + 1, OmegaConf.to_yaml(run_cfg))
     try:
         if preflight.PLAN.points is None or len(preflight.PLAN.points) <= num:
             validate(run_cfg)  # a job the preflight of this process did not see (another process, sweeper)
@@ -93,10 +100,22 @@ def main(argv=None) -> int:
     from experiments.session import shared_session
     from experiments.validate import friendly_error, method_param_overrides
 
-    argv = method_param_overrides(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--methods" in argv:
+        from hybridgen.methods.catalog import format_catalog
+
+        print(format_catalog())
+        return 0
+    try:
+        argv, level = verbosity(argv)
+    except HybridGenError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    argv = method_param_overrides(argv)
     command = any(a.split("=")[0] in _COMMANDS for a in argv)  # --cfg job, --help ...: Hydra alone
     _OUTCOMES.clear()
-    _STATE.update(stop=False, user_error=False)
+    _STATE.update(stop=False, user_error=False, level=level)
+    log.set_verbosity(level)
     preflight.PLAN.__init__()
     shared_session(fresh=True)
     saved_argv, saved_env = list(sys.argv), os.environ.get("HYDRA_FULL_ERROR")
@@ -122,6 +141,24 @@ def main(argv=None) -> int:
     if command:
         return 0
     return _report()
+
+
+_QUIET = {"-q": 1, "--quiet": 1, "-qq": 2}
+_VERBOSE = ("-v", "--verbose", "-vv")
+
+
+def verbosity(argv):
+    """(argv without our -q/-qq/-v flags, the log level): the flags, else Hydra's ``hydra.verbose``
+    (true, or naming one of our loggers: debug), else ``$HYBRIDGEN_LOG_LEVEL``, else info."""
+    quiet = sum(_QUIET.get(a, 0) for a in argv)
+    verbose = sum(a in _VERBOSE for a in argv)
+    rest = [a for a in argv if a not in _QUIET and a not in _VERBOSE]
+    if not (quiet or verbose):
+        said = [a.split("=", 1)[1] for a in rest if a.lstrip("+").startswith("hydra.verbose=")]
+        names = said[-1].strip("[]").replace(" ", "").split(",") if said else []
+        if said and (said[-1].lower() == "true" or any(n.split(".")[0] in log.NAMES for n in names)):
+            verbose = 1
+    return rest, log.level_from_flags(verbose, quiet)
 
 
 def _report() -> int:

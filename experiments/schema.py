@@ -16,17 +16,17 @@ Choices (documented here because the paper is silent):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+
+from experiments.locations import CONF_DIR
 
 WEIGHTS = ("real", "random", "dummy")
 BACKENDS = ("auto", "lean", "transformers")  # hybridgen.model.loading.BACKENDS
 DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("essays", "pg-text", "pydoc", "random")
 KINDS = ("generate", "accuracy", "project")
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass

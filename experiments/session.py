@@ -2,7 +2,7 @@
 and the environment record (a sweep over methods loads its model once)."""
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,7 @@ class Session:
     """State shared by the points of one process: the engine and the reference generations."""
 
     def __init__(self, log: Callable[[str], None] = None):
-        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.log = log or logging.getLogger(__name__).info  # progress messages: hidden by -q (hybridgen/log.py)
         self._engine_key: Optional[str] = None
         self._engine = None
         self._refs: Dict[str, Any] = {}

@@ -12,7 +12,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.schema import CONF_DIR
+from experiments.locations import CONF_DIR
 from hybridgen.errors import ConfigError, HybridGenError
 
 

@@ -7,7 +7,7 @@ notebook can skip its figure instead of crashing. :func:`all_runs` loads every e
 finished runs into one DataFrame (an ``exp`` column says which experiment each row is from):
 
     from hybridgen_harness.plotdata import all_runs
-    df = all_runs()                       # results/ of this checkout (or $HYBRIDGEN_RESULTS)
+    df = all_runs()                       # results/ of the checkout you are in (or $HYBRIDGEN_RESULTS)
     df = all_runs("outputs", exps=["quickstart", "accuracy"])
     df.groupby(["exp", "method.name"]).size()
 """
@@ -23,14 +23,20 @@ log = logging.getLogger(__name__)
 
 
 def repo_root() -> Path:
+    """The checkout at or above the current directory, else the current directory itself.
+
+    Never the directory this package was installed from: a user outside the repository reads
+    their own results, not a checkout's (issue 26).
+    """
     here = Path.cwd().resolve()
     for p in (here, *here.parents):
         if (p / "conf" / "config.yaml").exists():
             return p
-    return Path(__file__).resolve().parents[1]
+    return here
 
 
 def results_dir() -> Path:
+    """``$HYBRIDGEN_RESULTS``, else ``results/`` of :func:`repo_root`."""
     return Path(os.environ.get("HYBRIDGEN_RESULTS") or repo_root() / "results")
 
 
@@ -68,15 +74,21 @@ def experiments(root: Union[None, str, os.PathLike] = None) -> List[str]:
 def all_runs(root: Union[None, str, os.PathLike] = None, exps: Optional[Sequence[str]] = None):
     """One DataFrame of the finished runs of every experiment (or of ``exps``) under ``root``.
 
-    Columns: ``exp`` (the experiment), then the union of every run's flattened columns
-    (``method.name``, ``metrics.*``, ``workload.*``, ``run.name``...; a column a run lacks is
-    NaN). Damaged runs are left out (as in :func:`runs`). An empty DataFrame when none finished.
+    ``root`` None: :func:`results_dir` (``$HYBRIDGEN_RESULTS``, else ``results/`` of the checkout
+    at or above the current directory, else ``./results``). The directory read is logged and
+    kept in ``df.attrs["results_dir"]``. Columns: ``exp`` (the experiment), then the union of
+    every run's flattened columns (``method.name``, ``metrics.*``, ``workload.*``,
+    ``run.name``...; a column a run lacks is NaN). Damaged runs are left out (as in
+    :func:`runs`). A directory without one finished run (of ``exps``) is a ConfigError.
     """
     import pandas as pd
 
+    from hybridgen.errors import ConfigError
     from hybridgen_harness.result_tables import collect
 
-    base = Path(root) if root is not None else results_dir()
+    base = (Path(root) if root is not None else results_dir()).expanduser().resolve()
+    how = "given" if root is not None else ("$HYBRIDGEN_RESULTS" if os.environ.get("HYBRIDGEN_RESULTS")
+                                            else "default: results/ of the checkout or the current directory")
     names = list(exps) if exps is not None else experiments(base)
     frames = []
     for exp in names:
@@ -86,9 +98,14 @@ def all_runs(root: Union[None, str, os.PathLike] = None, exps: Optional[Sequence
         else:
             log.info("[%s] no finished runs under %s", exp, base / exp)
     if not frames:
-        return pd.DataFrame(columns=["exp"])
+        which = f" of {', '.join(names)}" if exps is not None else ""
+        raise ConfigError(f"all_runs: no finished runs{which} under {base} ({how}); pass the directory your runs "
+                          "went to (results_dir=...), e.g. all_runs('outputs') or all_runs('results')")
     df = pd.concat(frames, ignore_index=True, sort=False)
-    return df[["exp"] + [c for c in df.columns if c != "exp"]]
+    log.info("all_runs: %d run(s) of %d experiment(s) from %s (%s)", len(df), len(frames), base, how)
+    df = df[["exp"] + [c for c in df.columns if c != "exp"]]
+    df.attrs["results_dir"] = str(base)
+    return df
 
 
 def run_dirs(exp: str) -> List[Path]:

@@ -87,3 +87,25 @@ def test_data_cli_quiet_flag(restore, capsys):
     main(["-q", "status"])
     assert "data cache:" in capsys.readouterr().out     # the status table is output, not a message
     assert logging.getLogger(log.ROOT).level == logging.WARNING and not log.progress_enabled()
+
+
+def test_requested_bars_show_until_a_verbosity_hides_them_and_lm_eval_follows(restore):
+    root = logging.getLogger(log.ROOT)
+    root.handlers[:] = [h for h in root.handlers if not getattr(h, log._HANDLER_FLAG, False)]
+    root.setLevel(logging.WARNING)                    # a library user who never set a verbosity
+    assert not log.verbosity_was_set()
+    assert not log.bar(range(3), explicit=True).disable and log.bar(range(3)).disable
+    saved = {n: logging.getLogger(n).level for n in log.THIRD_PARTY}
+    try:
+        log.set_verbosity("quiet")
+        assert log.bar(range(3), explicit=True).disable
+        assert logging.getLogger("lm_eval").level == logging.ERROR == logging.getLogger("transformers").level
+        log.set_verbosity("debug")
+        assert not log.bar(range(3), explicit=True).disable and log.get_verbosity() == logging.DEBUG
+        assert logging.getLogger("lm_eval").level == logging.DEBUG
+        assert logging.getLogger("transformers").level == logging.WARNING   # not theirs to flood
+        assert log.bar(range(3), explicit=True, disable=True).disable
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
+        log.set_verbosity("info")

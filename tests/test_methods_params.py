@@ -141,3 +141,19 @@ def test_docs_table_is_current():
     if os.environ.get("HYBRIDGEN_WRITE_DOCS"):
         DOC.write_text(text)
     assert DOC.exists() and DOC.read_text() == text, "regenerate: HYBRIDGEN_WRITE_DOCS=1 pytest tests/test_methods_params.py"
+
+
+def test_inf_is_accepted_only_where_the_range_says_it_means_something():
+    """InfiniGen's alpha=inf means 'always the budget's cap' (bench_baselines' infinigen-cap);
+    another float parameter refuses inf, and NaN / -inf are refused everywhere."""
+    import math
+
+    from hybridgen.methods.params import ParamError
+
+    assert build_method("infinigen", alpha="inf").alpha == math.inf
+    assert build_method("infinigen", alpha=math.inf).alpha == math.inf
+    for bad in ("nan", "-inf"):
+        with pytest.raises(ParamError, match="inf allowed"):
+            build_method("infinigen", alpha=bad)
+    with pytest.raises(ParamError, match="finite number"):
+        build_method("infinigen", partial_weight_ratio="inf")

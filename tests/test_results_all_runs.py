@@ -30,6 +30,38 @@ def test_all_runs_joins_experiments_with_an_exp_column(tmp_path):
     assert set(only["exp"]) == {"speedup"} and len(only) == 2
 
 
-def test_all_runs_of_nothing_is_an_empty_frame(tmp_path):
-    df = plotdata.all_runs(tmp_path / "missing")
-    assert len(df) == 0 and list(df.columns) == ["exp"]
+def test_all_runs_of_nothing_is_refused_in_one_line_naming_the_directory(tmp_path):
+    """Issue 26: a wrong path used to return an empty frame without a word."""
+    import pytest
+
+    from hybridgen.errors import ConfigError
+
+    for root, exps in ((tmp_path / "missing", None), (tmp_path, None), (tmp_path, ["speedup"])):
+        with pytest.raises(ConfigError) as info:
+            plotdata.all_runs(root, exps=exps)
+        msg = str(info.value)
+        assert "\n" not in msg and str(root.resolve()) in msg and "all_runs('outputs')" in msg
+
+
+def test_all_runs_says_which_directory_it_read(tmp_path, caplog):
+    import logging
+
+    _run(results.ResultsStore(tmp_path, "quickstart"), "q-full", "full")
+    with caplog.at_level(logging.INFO, logger="hybridgen_harness.plotdata"):
+        df = plotdata.all_runs(tmp_path)
+    assert df.attrs["results_dir"] == str(tmp_path.resolve())
+    assert f"1 run(s) of 1 experiment(s) from {tmp_path.resolve()} (given)" in caplog.text
+
+
+def test_all_runs_outside_a_checkout_reads_the_current_directory_not_the_installed_one(tmp_path, monkeypatch):
+    import pytest
+
+    from hybridgen.errors import ConfigError
+
+    monkeypatch.delenv("HYBRIDGEN_RESULTS", raising=False)
+    monkeypatch.chdir(tmp_path)                       # no conf/config.yaml here or above
+    with pytest.raises(ConfigError) as info:          # not this checkout's committed results/
+        plotdata.all_runs()
+    assert str(tmp_path.resolve() / "results") in str(info.value)
+    _run(results.ResultsStore(tmp_path / "results", "quickstart"), "q-full", "full")
+    assert plotdata.all_runs().attrs["results_dir"] == str((tmp_path / "results").resolve())

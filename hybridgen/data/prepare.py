@@ -32,7 +32,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 from hybridgen.data import bigbench, perplexity, sources
 from hybridgen.data.cache import cache_dir, sub
 from hybridgen.errors import ConfigError, MissingDataError
-from hybridgen.log import bar, progress_enabled
+from hybridgen.log import bar, progress_enabled, redirect
 
 _log = logging.getLogger(__name__)
 
@@ -177,8 +177,9 @@ def prepare(only: Optional[Iterable[str]] = None, force: bool = False, log=_log.
     if bad:
         raise ConfigError(f"unknown dataset {bad[0]!r}; choose from: {', '.join(STEPS)}")
     log(f"data cache: {cache_dir()}")
-    for n in bar(names, desc="data", unit="dataset"):
-        STEPS[n](force=force, log=log)
+    with redirect():  # messages printed above the bar, not through it
+        for n in bar(names, desc="data", unit="dataset"):
+            STEPS[n](force=force, log=log)
     return names
 
 

@@ -35,6 +35,7 @@ exits 2.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -72,7 +73,7 @@ def _check_hybridgen_args(ns) -> None:
         return
     from lm_eval.utils import simple_parse_args_string
 
-    from hybridgen.eval.lm_eval_model import check_model_args
+    from hybridgen.eval.lm_eval_args import check_model_args
 
     raw = getattr(ns, "model_args", None)
     args = simple_parse_args_string(raw) if isinstance(raw, str) else dict(raw or {})
@@ -128,7 +129,7 @@ def _as_dict(raw) -> dict:
 
 def run_dir_name(model_args: dict) -> str:
     """``<model>__<method>[-param=value...]`` for ``--model hybridgen`` model_args (loader args left out)."""
-    from hybridgen.eval.lm_eval_model import _LOADER_ARGS
+    from hybridgen.eval.lm_eval_args import LOADER_ARGS
     from hybridgen.model.hub import display_name, is_hub_id
     from hybridgen.naming import method_part, slug
 
@@ -136,7 +137,7 @@ def run_dir_name(model_args: dict) -> str:
     part = display_name(model) if is_hub_id(model) else Path(model).name if os.sep in model else model
     if str(model_args.get("weights", "real")) != "real":
         part += f"-{model_args['weights']}"
-    skip = set(_LOADER_ARGS) | {"method", "score_mode", "fidelity", "progress", "add_bos", "max_gen_toks",
+    skip = set(LOADER_ARGS) | {"method", "score_mode", "fidelity", "progress", "add_bos", "max_gen_toks",
                                 "max_length", "rolling_prefill"}
     params = {k: v for k, v in model_args.items() if k not in skip}
     return f"{slug(part, 40)}__{method_part(str(model_args.get('method', 'full')), params)}"
@@ -171,16 +172,43 @@ def format_report(rec: dict) -> str:
             f"max KL {fid['max_kl']:.4g} over {fid['tokens']} tokens")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    from hybridgen import runtime
+def _flag_value(args: Sequence[str], *names: str) -> Optional[str]:
+    """The value of the last ``--name X`` / ``--name=X`` in ``args`` (before argparse runs)."""
+    found = None
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n and i + 1 < len(args):
+                found = args[i + 1]
+            elif a.startswith(n + "="):
+                found = a.split("=", 1)[1]
+    return found
 
+
+def verbosity(flag: Optional[str]) -> int:
+    """The level of lm-eval's ``--verbosity`` flag, else ``$HYBRIDGEN_LOG_LEVEL``, else
+    ``$LMEVAL_LOG_LEVEL``, else info (``quiet`` is accepted wherever a level is)."""
+    from hybridgen import log
+
+    for value in (flag, os.environ.get(log.ENV), os.environ.get("LMEVAL_LOG_LEVEL")):
+        if value:
+            return log.parse_level(value)
+    return log.parse_level("info")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from hybridgen import log, runtime
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        log.hide_foreign_bars(verbosity(_flag_value(args, "--verbosity", "-v")))
+    except Exception:  # noqa: BLE001 - a bad level is reported by the parse below, in one line
+        pass
     runtime.apply_or_exit()  # thread/env settings, then torch (before numba; docs/design.md)
     import hybridgen.eval.lm_eval_model  # noqa: F401  (registers the `hybridgen` model)
     from hybridgen.errors import ConfigError, HybridGenError
     from hybridgen.eval.lm_eval_errors import explain
     from hybridgen.eval.tasks_data import tasks_dir
 
-    args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] not in [[c] for c in _WITH_TASKS] and not any(a in ("-h", "--help") for a in args):
         args = ["run"] + args
     from lm_eval._cli import HarnessCLI
@@ -189,12 +217,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     saved = sys.argv
     sys.argv = ["lm-eval"] + args
     try:
-        setup_logging()
         parser = HarnessCLI()
         ns = parser.parse_args()
-        from hybridgen import log
-
-        log.setup(getattr(ns, "verbosity", None) or None)  # lm-eval's --verbosity sets ours too
+        level = verbosity(getattr(ns, "verbosity", None))
+        setup_logging(level)      # lm-eval's logger and handler, at our level
+        log.set_verbosity(level)  # ours, the bars, and transformers'
+        if getattr(ns, "verbosity", None) or level != log.parse_level("info"):
+            ns.verbosity = logging.getLevelName(level)  # lm-eval re-applies it ('QUIET' is not a level to it)
         if getattr(ns, "command", None) in _WITH_TASKS and hasattr(ns, "include_path"):
             ns.include_path = include_paths(ns.include_path, str(tasks_dir()))
         hybridgen_run = getattr(ns, "command", None) == "run" and getattr(ns, "model", None) == "hybridgen"

@@ -38,12 +38,14 @@ INT_LIMIT = 2 ** 63
 
 @dataclass(frozen=True)
 class Range:
-    """A numeric constraint: lo <= x <= hi (``lo_open`` / ``hi_open`` make a bound strict)."""
+    """A numeric constraint: lo <= x <= hi (``lo_open`` / ``hi_open`` make a bound strict);
+    ``inf_ok``: +inf is a meaningful value (e.g. a margin with no limit), else refused."""
 
     lo: Optional[float] = None
     hi: Optional[float] = None
     lo_open: bool = False
     hi_open: bool = False
+    inf_ok: bool = False
 
     def check(self, x: float) -> Optional[str]:
         if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
@@ -119,7 +121,8 @@ def convert(method: str, name: str, tp: Any, value: Any) -> Any:
                 raise _fail(method, name, _describe(inner) + " or null", value) from None
         raise TypeError(f"method {method!r}: parameter {name!r} has an unsupported Union type {tp}")
     base, meta = _strip(tp)
-    out = _convert_base(method, name, base, value)
+    inf_ok = base is float and any(isinstance(m, Range) and m.inf_ok for m in meta)
+    out = _convert_base(method, name, base, value, inf_ok)
     for m in meta:
         problem = m.check(out)
         if problem:
@@ -127,7 +130,7 @@ def convert(method: str, name: str, tp: Any, value: Any) -> Any:
     return out
 
 
-def _convert_base(method: str, name: str, base: Any, value: Any) -> Any:
+def _convert_base(method: str, name: str, base: Any, value: Any, inf_ok: bool = False) -> Any:
     if typing.get_origin(base) is Literal:
         choices = typing.get_args(base)
         if value in choices and not isinstance(value, bool):
@@ -159,8 +162,9 @@ def _convert_base(method: str, name: str, base: Any, value: Any) -> Any:
                 raise _fail(method, name, "a number", value) from None
         else:
             raise _fail(method, name, "a number", value)
-        if not math.isfinite(x):
-            raise _fail(method, name, "a finite number (not NaN or inf)", value)
+        if not math.isfinite(x) and not (inf_ok and x == math.inf):
+            what = "a number (inf allowed, not NaN or -inf)" if inf_ok else "a finite number (not NaN or inf)"
+            raise _fail(method, name, what, value)
         return x
     if base is str:
         if isinstance(value, str):

@@ -40,10 +40,11 @@ def _scan() -> None:
     # a source checkout (installed editable, or not at all) declares what its pyproject says
     # NOW, and that wins over the installed metadata, which may be stale (a method moved or
     # added since the install is found without reinstalling)
-    _declared.update(_pyproject_methods())
+    _declared.update(pyproject_entry_points(GROUP))
 
 
-def _pyproject_methods() -> Dict[str, str]:
+def pyproject_entry_points(group: str) -> Dict[str, str]:
+    """The ``[project.entry-points.<group>]`` table of this source checkout's pyproject ({} when installed)."""
     path = Path(__file__).resolve().parents[2] / "pyproject.toml"
     try:
         import tomllib
@@ -53,7 +54,7 @@ def _pyproject_methods() -> Dict[str, str]:
         return {}
     with open(path, "rb") as fh:
         data = tomllib.load(fh)
-    return dict(data.get("project", {}).get("entry-points", {}).get(GROUP, {}))
+    return dict(data.get("project", {}).get("entry-points", {}).get(group, {}))
 
 
 def _load(name: str, target: str) -> Type[KVMethod]:

@@ -99,9 +99,9 @@ def generate(engine: "Engine", input_ids: Tensor, method: Union[str, KVMethod] =
         if return_logits:
             logits_out.append(logits)
         steps = range(max_new_tokens - 1)
-        if progress:
-            from tqdm.auto import tqdm
-            steps = tqdm(steps, desc=f"decode [{method.name}]", unit="tok")
+        if progress:  # asked for: shown unless the verbosity hides bars (hybridgen/log.py)
+            from hybridgen.log import bar
+            steps = bar(steps, desc=f"decode [{method.name}]", unit="tok", explicit=True)
         for _ in steps:
             if finished is not None and bool(finished.all()):
                 break
