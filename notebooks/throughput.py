@@ -17,7 +17,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from matplotlib.ticker import NullFormatter
+
 from hybridgen.eval import plotdata
+from hybridgen.eval.figures import marks
 
 prompt = plotdata.runs("prompt_sweep")
 batch = plotdata.runs("batch_sweep")
@@ -31,8 +34,14 @@ def lines(ax, df, x, xlabel):
     ax.set_xlabel(xlabel)
     ax.set_ylabel("decode tokens / s")
     ax.set_xscale("log", base=2)
+    ticks = sorted(df[x].unique())
+    ax.set_xticks(ticks, [f"{int(t)}" for t in ticks])  # '1024', not '2^10'
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo - 0.15 * (hi - lo), hi)  # room for the badge under the lines
+    marks.badge(ax, marks.run_provenance(df), loc="lower left")
 
 
 if prompt is not None or batch is not None:
