@@ -47,7 +47,11 @@ def main(argv=None) -> None:
         except ConfigError as err:
             if not args.all:
                 raise
-            print(f"{exp}: skipped ({err})")
+            if not (_ROOT / "conf" / "exp" / f"{exp}.yaml").is_file():
+                # e.g. results/projected, results/cpu_scan: files written by a script, not runs of `+exp=NAME`
+                print(f"{exp}: skipped (no runs: not an experiment of conf/exp/, its files come from its own script)")
+            else:
+                print(f"{exp}: skipped ({err})")
             continue
         import pandas as pd
 
