@@ -70,9 +70,12 @@ results: venv
 	@test -n "$(EXP)" || { echo "error: name the experiment: make results EXP=<name> (conf/exp/)"; exit 2; }
 	$(PY) experiments/run.py +exp=$(EXP) results_dir=results $(ARGS)
 
-# Aggregate every experiment and execute the figure notebooks headless -> results/figures/*.png
+# Draw every figure from the committed runs: the paper speedup figure from its table.csv, then the
+# figure notebooks executed headless. PNGs -> results/figures/ (committed artifacts; regenerated
+# byte-stable from the same runs); executed notebooks -> build/notebooks/ (git-ignored). Nothing
+# else in the tree changes (summaries are written by `make results` / experiments/aggregate.py).
 figures: venv
-	$(PY) experiments/aggregate.py --all --results-dir results
+	$(PY) experiments/paper_speedup_figure.py --results-dir results
 	mkdir -p build/notebooks
 	set -e; for nb in notebooks/*.py; do \
 	  out=build/notebooks/$$(basename $$nb .py).ipynb; \

@@ -51,7 +51,7 @@ from hybridgen.errors import cli_errors  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods import Budget, KVMethod, MethodContext, build_method  # noqa: E402
 from hybridgen_harness.result_tables import format_table  # noqa: E402
-from hybridgen.timing import median_interleaved  # noqa: E402
+from hybridgen.timing import measure_interleaved  # noqa: E402
 from hybridgen.validation.cli import parse_checked  # noqa: E402
 
 
@@ -213,11 +213,13 @@ def bench_pool(args, spec, pool) -> List[dict]:
             fns = {"pool": lambda: pool.submit(partial_attention, q, k, v, scale).result(),
                    "inline": lambda: partial_attention(q, k, v, scale),
                    "sdpa": lambda: _sdpa(q, k, v, scale)}
-            t = median_interleaved(fns, args.reps)
+            timed = measure_interleaved(fns, args.reps)
+            t = {name: x.median for name, x in timed.items()}
             rows.append({"batch": B, "host tokens": T, "KV MB": round(nbytes / 1e6, 1),
-                         "pool ms": round(t["pool"] * 1e3, 2), "pool GB/s": round(nbytes / t["pool"] / 1e9, 2),
+                         "pool ms": round(t["pool"] * 1e3, 2), "pool IQR ms": round(timed["pool"].iqr * 1e3, 2), "pool GB/s": round(nbytes / t["pool"] / 1e9, 2),
                          "inline GB/s": round(nbytes / t["inline"] / 1e9, 2),
-                         "sdpa ms": round(t["sdpa"] * 1e3, 2), "sdpa GB/s": round(nbytes / t["sdpa"] / 1e9, 2),
+                         "sdpa ms": round(t["sdpa"] * 1e3, 2), "sdpa IQR ms": round(timed["sdpa"].iqr * 1e3, 2),
+                         "sdpa GB/s": round(nbytes / t["sdpa"] / 1e9, 2),
                          "pool/sdpa": round(t["sdpa"] / t["pool"], 2)})
     return rows
 
@@ -265,7 +267,7 @@ def main(argv=None) -> None:
         rows = (bench_separate if args.separate else bench_shared)(engine, ids, args, pool)
         print(format_table(rows))
     print(f"\n(b) host partial attention: CPU pool vs torch CPU SDPA, Hq={spec[0]} Hkv={spec[1]} D={spec[2]}, "
-          f"{args.dtype}, median of {args.reps}")
+          f"{args.dtype}, median of {args.reps} with its interquartile range (IQR)")
     print(format_table(bench_pool(args, spec, pool)))
     pool.shutdown()
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")

@@ -4,7 +4,7 @@ Writes <results-dir>/<exp>/summary.csv (and summary.parquet when pyarrow is inst
 row per finished run with every metric flattened to dotted column names
 (``latency.prefill_s``, ``memory.kv_peak_bytes_by_tier.gpu``, ``fidelity.mean_kl``,
 ``accuracy.<task>.acc``, ...). ``--results-dir`` defaults to ``outputs`` (where ad-hoc runs
-go); the committed results are aggregated with ``--results-dir results`` (``make figures``).
+go); the committed results are aggregated with ``--results-dir results``.
 ``--all`` aggregates every experiment directory. A run whose metrics.json is damaged is left
 out and named on stderr; a missing or unreadable results directory is one line, exit 2.
 """
@@ -47,7 +47,11 @@ def main(argv=None) -> None:
         except ConfigError as err:
             if not args.all:
                 raise
-            print(f"{exp}: skipped ({err})")
+            if not (_ROOT / "conf" / "exp" / f"{exp}.yaml").is_file():
+                # e.g. results/projected, results/cpu_scan: files written by a script, not runs of `+exp=NAME`
+                print(f"{exp}: skipped (no runs: not an experiment of conf/exp/, its files come from its own script)")
+            else:
+                print(f"{exp}: skipped ({err})")
             continue
         import pandas as pd
 

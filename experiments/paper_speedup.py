@@ -258,47 +258,10 @@ def _num(x: Any, fmt: str = ".3f") -> str:
 
 
 def figure(rows: Sequence[Dict[str, Any]], path: Path) -> Path:
-    """Speedup of HybridGen over each baseline per GPU, one panel per case, the paper's band shaded."""
-    import matplotlib
+    """The speedup figure (experiments/paper_speedup_figure.py draws it)."""
+    from experiments.paper_speedup_figure import figure as draw_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = sorted({r["case"] for r in rows}, key=_case_order)
-    n = len(cases)
-    ncol = min(3, n)
-    fig, axes = plt.subplots((n + ncol - 1) // ncol, ncol, figsize=(6.2 * ncol, 4.2 * ((n + ncol - 1) // ncol)),
-                             squeeze=False)
-    for ax, case in zip(axes.flat, cases):
-        rs = [r for r in rows if r["case"] == case and r["baseline"] != "full"]
-        bases = sorted({r["baseline"] for r in rs}, key=lambda b: list(LABELS).index(b) if b in LABELS else 99)
-        cols = [CPU_COLUMN] if case == "emulated" else [g for g in GPUS if any(r["gpu"] == g[0] for r in rs)]
-        width = 0.8 / max(1, len(cols))
-        ax.axhspan(*PAPER_BAND, color="tab:green", alpha=0.15, label="paper: 1.41x-3.2x")
-        ax.axhline(1.0, color="k", lw=0.8)
-        for j, (gid, gname) in enumerate(cols):
-            xs, ys = [], []
-            for i, b in enumerate(bases):
-                r = next((r for r in rs if r["baseline"] == b and r["gpu"] == gid), None)
-                if r and r["speedup"]:
-                    xs.append(i + (j - (len(cols) - 1) / 2) * width)
-                    ys.append(r["speedup"])
-            hatch = "//" if case == "emulated" else None
-            ax.bar(xs, ys, width=width, label=gname, hatch=hatch)
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(bases)))
-        ax.set_xticklabels([LABELS.get(b, b).replace(" (on FlexGen)", "") for b in bases], rotation=40, ha="right",
-                           fontsize=8)
-        ax.set_ylabel("HybridGen speedup (x, log)")
-        label = "emulated (CPU)" if case == "emulated" else "projected (performance model)"
-        ax.set_title(f"{_case_title(case, rs or rows)[:70]}\n[{label}]", fontsize=9)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return draw_figure(rows, path)
 
 
 @cli_errors

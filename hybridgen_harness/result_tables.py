@@ -90,7 +90,10 @@ def aggregate(root: os.PathLike | str, exp: str, log: Callable[[str], None] = _s
 
 # ----------------------------------------------------------------------------- table
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None) -> str:
-    """A plain-text table (right-aligned columns); None shows as '-', floats with 4 significant digits."""
+    """A plain-text table (tabulate's "simple" format, right-aligned columns); None shows as '-',
+    floats with 4 significant digits."""
+    from tabulate import tabulate
+
     if not rows:
         return "(no runs)"
     cols = list(columns or rows[0].keys())
@@ -103,8 +106,5 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[s
         return str(v)
 
     body = [[cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body]
-    return "\n".join(lines)
+    return tabulate(body, headers=cols, tablefmt="simple", disable_numparse=True,
+                    colalign=("right",) * len(cols))

@@ -14,8 +14,6 @@
 # `+exp=budget_sweep`: accuracy of the compressing methods as their budget shrinks.
 
 # %%
-import json
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -99,42 +97,27 @@ if acc is not None:
                   "decode-scored token to the dense pass:\n\n" + extra + "\n")
     print(f"wrote {md}")
 
+# %% [markdown]
+# ## Fidelity vs KV budget and vs GPU memory (`+exp=budget_sweep`)
+# One 1K-token prompt, 32 teacher-forced tokens per point: next-token fidelity to `full`, not task
+# accuracy (the titles say so). HybridGen's points: `gpu_budget` = `topk_ratio` = 0.025, 0.05, 0.1,
+# 0.25, at their attended share g + t(1 - g). The memory plot's x is the peak KV each method holds on
+# the gpu tier (the store ledger); `full`'s mark is the paper_speedup experiment's emulated `full` run
+# of the same workload.
+
 # %%
+from hybridgen_harness.figures import accuracy as accuracy_figures
+
 budget = plotdata.runs("budget_sweep")
 if budget is not None:
-    acc_cols = [c for _, c in score_cols(budget) if c.endswith("acc_norm")]
-    panels = [("fidelity.top1_agreement", "top-1 agreement with full"), ("fidelity.mean_kl", "mean KL(full || method), nats")]
-    if acc_cols:
-        panels.insert(0, (acc_cols[0], f"{acc_cols[0].split('.')[1]} acc_norm"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for m, g in budget.groupby("method.name"):
-        g = g.assign(b=g["method.params.budget"].astype(float)).sort_values("b")
-        for ax, (col, _) in zip(axes[0], panels):
-            ax.plot(g["b"], g[col], marker="o", label=m)
-    if acc_cols:
-        # full's accuracy over the same first `limit` docs, from the accuracy experiment's samples
-        task, limit = acc_cols[0].split(".")[1], int(budget["lm_eval.limit"].iloc[0])
-        for d in plotdata.run_dirs("accuracy"):
-            m = plotdata.load_json(d / "metrics.json")
-            if m["method"]["name"] == "full" and (d / "samples.jsonl").exists():
-                rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
-                s = [r["acc_norm"] for r in rows if r["task"] == task and r["doc_id"] < limit]
-                if s:
-                    axes[0][0].axhline(sum(s) / len(s), color="k", ls="--", lw=1, label=f"full ({len(s)} items)")
-    from matplotlib.ticker import NullFormatter
-
-    budgets = sorted(budget["method.params.budget"].astype(float).unique())
-    for ax, (_, ylabel) in zip(axes[0], panels):
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
-        ax.set_xlabel("KV budget (share of the prompt)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    r = budget.iloc[0]
-    what = "task accuracy and fidelity" if acc_cols else (
-        f"fidelity over {int(r['workload.gen_len'])} teacher-forced tokens, prompt {int(r['workload.prompt_len'])}")
-    fig.suptitle(f"accuracy vs KV budget ({r['model.name']}; {what})")
-    fig.tight_layout()
-    plotdata.save(fig, "accuracy_vs_budget")
+    plotdata.save(accuracy_figures.accuracy_vs_budget(budget), "accuracy_vs_budget")
+    r0 = budget.iloc[0]
+    full_bytes = None
+    ref = plotdata.runs("paper_speedup")
+    if ref is not None:
+        same = ref[(ref["method.name"] == "full") & (ref["model.name"] == r0["model.name"])
+                   & (ref["workload.prompt_len"] == r0["workload.prompt_len"])
+                   & (ref["workload.gen_len"] == r0["workload.gen_len"])]
+        if len(same):
+            full_bytes = float(same["memory.kv_peak_bytes_by_tier.gpu"].iloc[0])
+    plotdata.save(accuracy_figures.accuracy_vs_memory(budget, full_bytes), "accuracy_vs_memory")

@@ -63,6 +63,10 @@ if data is not None:
     right.set_ylabel("x the bf16 read limit (tokens/s)")
     right.set_title("key sketch scan (dotted: the 1.5x target)")
     right.legend(fontsize=8)
+    from hybridgen_harness.figures import marks
+
+    for ax in (left, right):
+        marks.badge(ax, "measured", "this CPU", loc="upper right")
     fig.suptitle(f"CPU branch, {data['machine'].get('cpu', '?')}: measured {data.get('date', '')}")
     fig.tight_layout()
     plotdata.save(fig, "cpu_scan")

@@ -21,7 +21,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from matplotlib.ticker import FuncFormatter
+
 from hybridgen_harness import plotdata
+from hybridgen_harness.figures import marks
 
 PCIE_GBPS = {"PCIe Gen5 x16 (55 GB/s pinned, measured on H200)": 55e9}
 frames = [d for d in (plotdata.runs(e) for e in ("speedup", "prompt_sweep", "scheduler_trace")) if d is not None]
@@ -42,7 +45,8 @@ if df is not None and "method_stats.cpu_branch_s" in df.columns:
     w = 0.27
     bars = [ax.bar([i - w for i in x], h["cpu ms"], w, label="CPU branch (scan + top-k + gather + staging)"),
             ax.bar(list(x), h["gpu ms"], w, label="GPU branch (attention + rest of layer)"),
-            ax.bar([i + w for i in x], h["transfer ms (projected)"], w, label="H2D transfer (projected, 55 GB/s)")]
+            ax.bar([i + w for i in x], h["transfer ms (projected)"], w, hatch="//", edgecolor="white",
+                   label="H2D transfer (PROJECTED from the bytes moved at 55 GB/s; hatched)")]
     for b in bars:
         ax.bar_label(b, fmt="%.2f", fontsize=7)
     ax.set_xticks(list(x))
@@ -51,7 +55,8 @@ if df is not None and "method_stats.cpu_branch_s" in df.columns:
     note = plotdata.emulated_note(h)
     ax.set_title("hybridgen: CPU vs GPU branch per step" + (f"\n({note})" if note else ""))
     ax.legend(fontsize=8, loc="upper left")
-    ax.set_ylim(0, 1.35 * float(max(h["cpu ms"].max(), h["gpu ms"].max())))
+    ax.set_ylim(0, 1.45 * float(max(h["cpu ms"].max(), h["gpu ms"].max())))
+    marks.badge(ax, marks.run_provenance(h), "branches timed here; transfer bars projected", loc="upper right")
     fig.tight_layout()
     plotdata.save(fig, "latency_breakdown")
 else:
@@ -78,7 +83,9 @@ if proj is not None:
         ax.set_xticks(list(x))
         ax.set_xticklabels(g["method.name"], rotation=60, fontsize=8)
         ax.set_yscale("symlog", linthresh=1.0)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # '100', not '10^2'
         ax.set_title(prof, fontsize=10)
+        marks.badge(ax, "projected", loc="upper right")
     axes[0][0].set_ylabel("projected ms per decode step")
     axes[0][0].legend(fontsize=8)
     r = proj.iloc[0]

@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from hybridgen_harness import plotdata
+from hybridgen_harness.figures import marks
 
 traces = []
 for d in plotdata.run_dirs("scheduler_trace"):
@@ -64,6 +65,8 @@ if traces:
         row[1].legend(fontsize=8)
         for ax in row:
             ax.grid(alpha=0.3)
+            marks.badge(ax, "emulated" if m["hardware"]["store"]["gpu"]["emulated"] else "measured",
+                        loc="lower right")
     emulated = traces[0][1]["hardware"]["store"]["gpu"]["emulated"]
     fig.suptitle("feedback scheduler" + (" (gpu tier emulated on CPU)" if emulated else ""))
     fig.tight_layout()

@@ -17,7 +17,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from matplotlib.ticker import NullFormatter
+
 from hybridgen_harness import plotdata
+from hybridgen_harness.figures import marks, speed
 
 prompt = plotdata.runs("prompt_sweep")
 batch = plotdata.runs("batch_sweep")
@@ -26,13 +29,25 @@ batch = plotdata.runs("batch_sweep")
 def lines(ax, df, x, xlabel):
     for m, g in df.groupby("method.name"):
         g = g.sort_values(x)
-        ax.plot(g[x], g["throughput.decode_tokens_per_s"], marker="o", label=m,
-                lw=2.5 if m == "hybridgen" else 1.2)
-    ax.set_xlabel(xlabel)
+        y = g["throughput.decode_tokens_per_s"].to_numpy(dtype=float)
+        # whiskers: the range of tokens/s over each run's repeats (batch tokens per decode ms)
+        per = [[1e3 * int(r["workload.batch"]) / t for t in speed.repeat_ms_per_token(r)] for _, r in g.iterrows()]
+        lo = [min(p) if len(p) >= 2 else v for p, v in zip(per, y)]
+        hi = [max(p) if len(p) >= 2 else v for p, v in zip(per, y)]
+        ax.errorbar(g[x], y, yerr=[[max(v - a, 0) for v, a in zip(y, lo)], [max(b - v, 0) for v, b in zip(y, hi)]],
+                    marker="o", capsize=2, elinewidth=0.7, label=m, lw=2.5 if m == "hybridgen" else 1.2)
+    n_reps = min(len(speed.repeat_ms_per_token(r)) for _, r in df.iterrows())
     ax.set_ylabel("decode tokens / s")
+    ax.set_xlabel(xlabel + (f"\n(whiskers: range over {n_reps} repeats)" if n_reps >= 2
+                            else "\n(one run per point: no spread)"))
     ax.set_xscale("log", base=2)
+    ticks = sorted(df[x].unique())
+    ax.set_xticks(ticks, [f"{int(t)}" for t in ticks])  # '1024', not '2^10'
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo - 0.15 * (hi - lo), hi)  # room for the badge under the lines
+    marks.badge(ax, marks.run_provenance(df), loc="lower left")
 
 
 if prompt is not None or batch is not None:
@@ -48,7 +63,8 @@ if prompt is not None or batch is not None:
     else:
         axes[1].text(0.5, 0.5, "no batch_sweep runs", ha="center")
     note = plotdata.emulated_note(prompt if prompt is not None else batch)
-    if note:
-        fig.suptitle(f"({note})")
-    fig.tight_layout()
+    fig.suptitle("Decode throughput" + (f" ({note})" if note else ""))
+    handles, labels = next((ax.get_legend_handles_labels() for ax in axes if ax.get_legend_handles_labels()[0]))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     plotdata.save(fig, "throughput")

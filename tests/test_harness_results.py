@@ -93,6 +93,8 @@ def test_aggregate_and_format_table(tmp_path):
         result_tables.aggregate(tmp_path, "empty")
     table = result_tables.format_table([{"a": 1.23456, "b": None}, {"a": 2, "b": "x"}])
     assert table.splitlines()[0].split() == ["a", "b"] and "1.235" in table and "-" in table
+    lines = table.splitlines()  # right-aligned: every line ends at the same column, None shows as '-'
+    assert len({len(x) for x in lines}) == 1 and lines[2].split() == ["1.235", "-"] and lines[3].split() == ["2", "x"]
 
 
 def _run(args, timeout=300):

@@ -52,7 +52,7 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
 def test_emulated_profile_prices_the_local_runs_with_added_branches():
     from hybridgen_harness.perf.local_rows import TINY, measure_profile
 
-    raw = measure_profile(TINY[0], reps=1)
+    raw = measure_profile(TINY[0], reps=3)
     prof = pm.profile_from_dict(raw)
     if prof.gpu.emulated_on_host:
         assert prof.gpu.attention_gbps == prof.host.cpu_attention_gbps["fp32"]

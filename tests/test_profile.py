@@ -84,7 +84,7 @@ def test_multi_node_measurement_runs_one_pinned_child_per_node(monkeypatch):
     fake = [numa.NumaNode(0, cpus, 1 << 30), numa.NumaNode(1, (), 1 << 30)]
     monkeypatch.setattr(numa, "numa_nodes", lambda: fake)
     monkeypatch.setattr(numa, "binding_supported", lambda: True)
-    cfg = prof.ProfileConfig(dram_bytes=1 << 20, reps=1)
+    cfg = prof.ProfileConfig(dram_bytes=1 << 20, reps=3)
     nodes = prof.measure_numa_nodes(cfg)
     assert [n["kind"] for n in nodes] == ["dram", "cxl"]
     assert all(n["cpus"] == len(cpus) for n in nodes)  # the CPU-less node is read from node 0's CPUs

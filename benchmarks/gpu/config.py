@@ -69,7 +69,7 @@ class BenchConfig:
     def smoke(cls) -> "BenchConfig":
         return cls(device="cpu", batch=1, heads=4, kv_heads=2, head_dim=32, contexts=[256, 512], shares=[0.5, 0.9],
                    target=(512, 0.9), steps=2, warmup=1, e2e_model="smollm2-135m", e2e_layers=1, e2e_context=128,
-                   e2e_tokens=3, read_bytes=64 << 20, kernel_contexts=[256], kernel_reps=2, budget_s=240.0,
+                   e2e_tokens=3, read_bytes=64 << 20, kernel_contexts=[256], kernel_reps=3, budget_s=240.0,
                    margin_s=10.0, kernels_reserve_s=5.0)
 
     @property

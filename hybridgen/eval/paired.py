@@ -2,12 +2,17 @@
 
 Every method is scored on the same items (lm-eval's ``samples.jsonl`` of each run), so the
 difference to the reference is measured item by item: d_i = score_i(method) - score_i(ref).
-The 95% interval of the mean difference is a paired bootstrap over items (percentile method,
-``n_boot`` resamples, seeded), which is far tighter than two separate error bars because most
-items are answered identically (with no discordant item at all the interval is the "rule of
-three" bound +-3/n on the rate of discordant items). A method is *within* ``margin`` of the reference when the
-whole interval lies inside [-margin, +margin], *outside* when the whole interval lies beyond
-it, and *undecided* otherwise (more items would decide it).
+The 95% interval of the mean difference is a paired bootstrap over items
+(``scipy.stats.bootstrap(..., paired=True)``, percentile method, ``n_boot`` resamples, seeded),
+which is far tighter than two separate error bars because most items are answered identically
+(with no discordant item at all the bootstrap has nothing to resample, and the interval is the
+"rule of three" bound +-3/n on the rate of discordant items).
+
+Two separate readings of that interval, in standard wording:
+
+* **significant**: the interval excludes zero (the method differs from the reference);
+* **equivalent within ±margin**: *yes* when the whole interval lies inside [-margin, +margin],
+  *no* when it lies entirely beyond it, *undecided* otherwise (more items would decide it).
 
 Per-item scores: the task's headline metric (``acc_norm`` for multiple choice, ``exact_match``
 for the needle task); tasks without a per-item 0/1 score (rolling perplexity) are skipped.
@@ -23,6 +28,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 HEADLINE = ("acc_norm", "exact_match", "acc")
+LEVEL = 0.95
 Item = Tuple[str, int]  # (task, doc_id)
 
 
@@ -46,7 +52,8 @@ class Comparison:
 
     score / stderr: the method's mean and its binomial standard error sqrt(p(1-p)/n);
     delta: mean paired difference to the reference; lo, hi: its 95% bootstrap interval;
-    verdict: 'within' | 'outside' | 'undecided' for |delta| <= margin; n: items.
+    significant: the interval excludes 0; equivalent: 'yes' | 'no' | 'undecided' for
+    |delta| <= margin (see the module docstring); n: items.
     """
 
     method: str
@@ -57,12 +64,23 @@ class Comparison:
     delta: float
     lo: float
     hi: float
-    verdict: str
+    significant: bool
+    equivalent: str
 
 
-def paired_interval(diff: Sequence[float], n_boot: int = 10000, seed: int = 0, level: float = 0.95) -> Tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``diff`` (resampling items with replacement)."""
-    d = np.asarray(diff, dtype=np.float64)
+def paired_interval(method: Sequence[float], reference: Sequence[float], n_boot: int = 10000, seed: int = 0,
+                    level: float = LEVEL) -> Tuple[float, float]:
+    """Paired percentile-bootstrap interval of mean(method - reference), items resampled together.
+
+    method, reference: (n,) per-item scores on the same items, in the same order.
+    """
+    from scipy import stats
+
+    m = np.asarray(method, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    if m.shape != r.shape:
+        raise ValueError(f"paired scores need the same items: method has {m.shape}, reference {r.shape}")
+    d = m - r
     if d.size == 0:
         return float("nan"), float("nan")
     if np.all(d == 0):
@@ -72,19 +90,25 @@ def paired_interval(diff: Sequence[float], n_boot: int = 10000, seed: int = 0, l
         return -bound, bound
     if np.all(d == d[0]):
         return float(d[0]), float(d[0])
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
-    tail = (1.0 - level) / 2
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
+    res = stats.bootstrap((m, r), lambda a, b, axis: np.mean(a - b, axis=axis), paired=True, vectorized=True,
+                          n_resamples=n_boot, confidence_level=level, method="percentile",
+                          rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def verdict(lo: float, hi: float, margin: float) -> str:
+def significant(lo: float, hi: float) -> bool:
+    """The interval [lo, hi] excludes zero."""
+    return math.isfinite(lo) and math.isfinite(hi) and (hi < 0 or lo > 0)
+
+
+def equivalent(lo: float, hi: float, margin: float) -> str:
+    """'yes' (inside ±margin), 'no' (entirely beyond it) or 'undecided' for the interval [lo, hi]."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "undecided"
     if -margin <= lo and hi <= margin:
-        return "within"
+        return "yes"
     if hi < -margin or lo > margin:
-        return "outside"
+        return "no"
     return "undecided"
 
 
@@ -104,33 +128,41 @@ def compare(runs: Mapping[str, Mapping[Item, float]], reference: str, margin: fl
             m = np.array([scores[k] for k in items])
             r = np.array([ref[k] for k in items])
             p = float(m.mean())
-            lo, hi = paired_interval(m - r, n_boot=n_boot, seed=seed)
+            lo, hi = paired_interval(m, r, n_boot=n_boot, seed=seed)
             out.append(Comparison(label, task, len(items), p, math.sqrt(max(p * (1 - p), 0.0) / len(items)),
-                                  float((m - r).mean()), lo, hi, verdict(lo, hi, margin)))
+                                  float((m - r).mean()), lo, hi, significant(lo, hi), equivalent(lo, hi, margin)))
     return out
+
+
+def delta_cell(r: Comparison) -> str:
+    """'Δ [lo, hi]', with 'significant' appended when the interval excludes zero."""
+    return f"{r.delta:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]" + (" significant" if r.significant else "")
 
 
 def markdown(rows: Iterable[Comparison], reference: str, margin: float = 0.02,
              order: Optional[Sequence[str]] = None) -> str:
-    """A table: per method and task, 'score ± se' and 'Δ [lo, hi] verdict' against ``reference``."""
+    """A table: per method and task, 'score ± se (n)', 'Δ [lo, hi]' (+ 'significant') against
+    ``reference``, and the separate 'equivalent within ±margin' verdict."""
+    import pandas as pd
+
     rows = list(rows)
     tasks = sorted({r.task for r in rows})
     methods = list(dict.fromkeys(order or [])) + [m for m in dict.fromkeys(r.method for r in rows)
                                                  if m not in (order or [])]
     by = {(r.method, r.task): r for r in rows}
-    head = ["method"] + [f"{t} (n)" for t in tasks] + [f"Δ{t} vs {reference} [95% CI]" for t in tasks]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for m in methods:
-        cells = [m]
-        for t in tasks:
-            r = by.get((m, t))
-            cells.append("" if r is None else f"{r.score:.3f} ± {r.stderr:.3f} ({r.n})")
-        for t in tasks:
-            r = by.get((m, t))
-            cells.append("" if r is None or m == reference else
-                         f"{r.delta:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}] {r.verdict}")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"± is one binomial standard error; Δ is the mean paired difference to `{reference}` over the same "
-              f"items with its 95% paired-bootstrap interval; **within** = the whole interval is inside "
-              f"±{margin:g}, **outside** = entirely beyond it, **undecided** = more items are needed to tell."]
-    return "\n".join(lines)
+    table: Dict[str, List[str]] = {"method": methods}
+    for t in tasks:
+        table[f"{t} (n)"] = ["" if (r := by.get((m, t))) is None else f"{r.score:.3f} ± {r.stderr:.3f} ({r.n})"
+                             for m in methods]
+    for t in tasks:
+        table[f"Δ{t} vs {reference} [{LEVEL:.0%} CI]"] = [
+            "" if (r := by.get((m, t))) is None or m == reference else delta_cell(r) for m in methods]
+    for t in tasks:
+        table[f"{t}: equivalent within ±{margin:g}"] = [
+            "" if (r := by.get((m, t))) is None or m == reference else r.equivalent for m in methods]
+    md = pd.DataFrame(table).to_markdown(index=False, tablefmt="github", disable_numparse=True)
+    return md + (f"\n\n± is one binomial standard error; Δ is the mean paired difference to `{reference}` over the "
+                 f"same items with its {LEVEL:.0%} paired-bootstrap interval (scipy.stats.bootstrap, paired, "
+                 f"percentile); **significant** = the interval excludes zero. **equivalent within ±{margin:g}** "
+                 f"(a separate test): *yes* = the whole interval is inside ±{margin:g}, *no* = entirely beyond it, "
+                 f"*undecided* = more items are needed to tell.")

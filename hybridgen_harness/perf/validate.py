@@ -113,7 +113,7 @@ def run_validation(probe_dir: Optional[Union[str, Path]] = None, local: bool = T
     profiles: List[Dict[str, Any]] = []
     if local:
         shapes = local_rows.TINY if quick else local_rows.SHAPES
-        lrows, profiles = local_rows.local_rows(shapes, steps=2, rounds=1 if quick else rounds, reps=1 if quick else 3)
+        lrows, profiles = local_rows.local_rows(shapes, steps=2, rounds=1 if quick else rounds, reps=3)
         rows += lrows
     machine = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
                "platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_before": load0,
