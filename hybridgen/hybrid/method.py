@@ -56,7 +56,8 @@ from hybridgen.methods.footprint import Footprint, KVShape
 class HybridGen(KVMethod):
     """HybridGen: CPU top-k logits + V rows and GPU window attention under one softmax.
 
-    gpu_budget: tokens per layer on the gpu tier (sinks + recent window).
+    gpu_budget: tokens per layer on the gpu tier (sinks + recent window); one that covers the
+        prompt covers the context: new tokens stay on the GPU (hybrid.memory.gpu_share_tokens).
     sinks: leading tokens pinned on the gpu tier.
     topk_ratio: fraction of the scanned host tokens selected; None = the scheduler owns it
         (start 0.05, x1.2 / x0.8 every ``sched_interval`` steps within [0.01, 0.5]); a number
