@@ -93,7 +93,7 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     hw = c.hw
     S_g, S_h = c.split(gpu_budget)
     if fused_share and not S_h:
-        return _full_path(c)
+        return _full_path(c, "hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
     key_tier, value_tier = c.tiers(mapping)
     k = min(S_h, math.ceil(topk_ratio * S_h)) if S_h else 0
     Hsel = c.Hq if per_head else c.Hkv
@@ -151,14 +151,14 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                      label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
 
 
-def _full_path(c: CostContext) -> LayerCost:
+def _full_path(c: CostContext, label: str) -> LayerCost:
     """HybridGen with nothing on the host: ``full``'s cost, with HybridGen's breakdown keys at 0."""
     cost = full_cost(c)
     bd = {key: 0.0 for key in ("scan_s", "group_score_s", "topk_s", "rerank_s", "gather_s", "exact_logits_s",
                                "transfer_s", "gpu_pre_s", "after_wait_s", "topk_tokens", "h2d_bytes",
                                "scanned_key_bytes")}
     bd.update(cost.breakdown, full_path=True)
-    return dataclasses.replace(cost, breakdown=bd, label="hybridgen")
+    return dataclasses.replace(cost, breakdown=bd, label=label)
 
 
 def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, ship: str = "logits",
