@@ -2,16 +2,25 @@
 
 ``HybridGen.layer_cost(c)`` calls :func:`hybridgen_cost`, with the ``ship`` and three-way
 options priced by :func:`hybridgen_variant_cost` on top of it. S_g, S_h = c.split(gpu_budget).
+It prices what ``HybridGen.decode`` runs (:mod:`hybridgen.hybrid.gpu_share`):
 
+  S_h == 0        nothing on the host: ``full``'s own attention (``dense_decode``), so the
+                  cost is :func:`~hybridgen.perf.costs.full_cost`'s (fused rate, FULL_KERNELS)
   hybridgen       k = ceil(topk_ratio*S_h), Hsel = Hq (per_head) or Hkv
                   cpu = scan(B*S_h*key_tok / key_scan rate, pinned or pageable keys)
                         + group score(B*Hq*S_h*4 / group_score_gbps; shared selection only)
                         + topk(B*Hsel*S_h*4 / topk_gbps)
                         + gather(B*Hsel*k*D*b at the value tier, + CXL latency term)
                         + host_ops * op_us + copy(B*Hq*k*4 + B*Hsel*k*D*b, pinned staging or not)
-                  gpu_pre   = gpu_keys(S_g)                       (GPU logits, before the wait)
-                  after     = gpu_values(S_g + k*Hsel/Hkv) + softmax over the S_g + k logits
-                              + gpu_kernels launches              (ONE softmax, after the wait)
+                  gpu_pre   = gpu_attn(S_g, fused) + SHARE_PRE_KERNELS - 1 launches
+                              (the GPU share: a fused partial with its LSE, before the wait,
+                              at the rate ``full`` runs: gpu.attention_gbps)
+                  after     = gpu_values(k*Hsel/Hkv + Hq/Hkv) + softmax over the k + 1 entries
+                              + gpu_kernels launches   (ONE softmax: the shipped part and the
+                              share's [lse, out] entry, the exact LSE merge, after the wait)
+                  (fused_share=False: the GPU share's logits unfused, gpu_pre = gpu_keys(S_g),
+                  after = gpu_values(S_g + k*Hsel/Hkv) + softmax over S_g + k: the H200 probe's
+                  plain-torch step, hybridgen.perf.probe_rows)
                   attn = overlap(cpu, gpu_pre) + after            (``serial``: cpu + gpu_pre + after)
                   pipelined (CPU runs a layer ahead, exact logits of the k rows recomputed after
                   the wait: exact = gather of the k key rows + 1 host op):
@@ -31,12 +40,22 @@ from hybridgen.hybrid.memory import hybridgen_footprint
 from hybridgen.methods.footprint import with_memory
 from hybridgen.hybrid.scheduler import SchedulerConfig
 from hybridgen.perf.context import CostContext, LayerCost, Placement
+from hybridgen.perf.costs import full_cost
 
 # hybridgen: torch.profiler counts 75 top-level aten ops per layer-step of its decode on the CPU
 # (full: 33), most of them views; of the rest ~14 are in the CPU branch (scan, group score:
-# logsumexp/where/max, top-k, logits at idx, gathers, staging) and ~20 launch GPU kernels
+# logsumexp/where/max, top-k, logits at idx, gathers, staging)
 HYBRIDGEN_HOST_OPS = 14
-HYBRIDGEN_GPU_KERNELS = 20
+# GPU launches of a layer-step with host tokens on the CUDA path (CuPy kernels), counted from
+# the code: before the wait the query's copy down, place_new's K and V appends, and the share's
+# partial kernel + its combine (attention/cuda/planning.py LaunchPlan.launches): 5; after the
+# wait the one softmax's kernels, one per part (the shipped part, the share's [lse, out]) +
+# its combine, then settle's four copies (the evicted token's K, V to the host, the new token's
+# K, V into its slot): 7. On the torch fallback (no CuPy) a TorchDispatchMode around
+# merge_with_host + RingWindow.settle counts 28 non-view aten ops per layer-step after the wait
+# (SmolLM2-135M random, 3 layers, gpu_budget 0.25, top-k 0.1, both ship modes).
+SHARE_PRE_KERNELS = 5
+HYBRIDGEN_GPU_KERNELS = 7
 # key_sketch adds 26 torch calls per layer to the CPU branch (a TorchFunctionMode around
 # host_branch + KeySketch.sync: 42 calls against 16 without the sketch), ~10 of them real
 # (the sync's front check, the exact tail's scan and its copy, the statistics' concatenation,
@@ -50,9 +69,10 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                    pipelined: bool = True, mapping: Placement = "semantic", pinned: Optional[bool] = None,
                    staging_pinned: bool = True, serial: bool = False, host_ops: int = HYBRIDGEN_HOST_OPS,
                    gpu_kernels: int = HYBRIDGEN_GPU_KERNELS, key_sketch: Optional[str] = None,
-                   oversample: float = 1.0, fused_select: bool = True) -> LayerCost:
+                   oversample: float = 1.0, fused_select: bool = True, fused_share: bool = True) -> LayerCost:
     """HybridGen: CPU key scan + group score + top-k over the host keys, the selected rows'
-    logits and V rows shipped to the GPU, ONE softmax with the GPU window after the wait.
+    logits and V rows shipped to the GPU, ONE softmax with the GPU share after the wait; with
+    nothing on the host (S_h == 0), ``full``'s cost (the code runs ``full``'s attention).
 
     pipelined: the CPU branch runs a layer ahead (stand-in queries) and the selected rows'
     logits are recomputed exactly after the wait; pinned: host keys page-locked (None:
@@ -67,9 +87,13 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     branch pays SKETCH_HOST_OPS more host ops;
     fused_select: the selection is the code's fused C pass (host.select_gbps where the profile
     has it); False prices torch's group score + top-k (the H200 probe's plain-torch step).
+    fused_share: the GPU share is a fused partial with its LSE (the code); False prices its
+    logits unfused and joined to the one softmax (the H200 probe's plain-torch step).
     """
     hw = c.hw
     S_g, S_h = c.split(gpu_budget)
+    if fused_share and not S_h:
+        return _full_path(c, "hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
     key_tier, value_tier = c.tiers(mapping)
     k = min(S_h, math.ceil(topk_ratio * S_h)) if S_h else 0
     Hsel = c.Hq if per_head else c.Hkv
@@ -102,10 +126,15 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     host_fixed = c.fixed(host_ops=host_ops) if S_h else 0.0
     cpu = scan + group + topk + rerank + gather + host_fixed + xfer if S_h else 0.0
     exact = c.gather_time(c.B * Hsel * k, row, key_tier) + c.fixed(host_ops=1) if pipelined and k else 0.0
-    gpu_pre = c.gpu_keys(S_g) if S_g else 0.0
-    softmax = c.B * c.Hq * (S_g + k) * 4 * 2 / (hw.gpu.hbm_gbps * 1e9)
+    if fused_share:  # the share's [lse, out]: one softmax entry per query head after the wait
+        gpu_pre = c.gpu_attn(S_g, fused=True) + c.fixed(gpu_kernels=SHARE_PRE_KERNELS - 1) if S_g else 0.0
+        entries, rows = k + 1, k * Hsel / c.Hkv + c.Hq / c.Hkv
+    else:
+        gpu_pre = c.gpu_keys(S_g) if S_g else 0.0
+        entries, rows = S_g + k, S_g + k * Hsel / c.Hkv
+    softmax = c.B * c.Hq * entries * 4 * 2 / (hw.gpu.hbm_gbps * 1e9)
     gpu_fixed = c.fixed(gpu_kernels=gpu_kernels)
-    after = c.gpu_values(S_g + k * Hsel / c.Hkv) + softmax + gpu_fixed
+    after = c.gpu_values(rows) + softmax + gpu_fixed
     attn = (cpu + gpu_pre if serial else c.overlap(cpu, gpu_pre)) + after
     if not pipelined or c.emulated:
         layer = c.rest + attn + exact
@@ -120,6 +149,16 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                                 "fixed_s": host_fixed + gpu_fixed, "scan_rate_gbps": scan_rate, "topk_tokens": k,
                                 "h2d_bytes": h2d_bytes, "scanned_key_bytes": scanned},
                      label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
+
+
+def _full_path(c: CostContext, label: str) -> LayerCost:
+    """HybridGen with nothing on the host: ``full``'s cost, with HybridGen's breakdown keys at 0."""
+    cost = full_cost(c)
+    bd = {key: 0.0 for key in ("scan_s", "group_score_s", "topk_s", "rerank_s", "gather_s", "exact_logits_s",
+                               "transfer_s", "gpu_pre_s", "after_wait_s", "topk_tokens", "h2d_bytes",
+                               "scanned_key_bytes")}
+    bd.update(cost.breakdown, full_path=True)
+    return dataclasses.replace(cost, breakdown=bd, label=label)
 
 
 def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, ship: str = "logits",

@@ -6,8 +6,10 @@ same capacities up per tier, so a run's ledger peak (``store.peak_by_tier()``) e
 ``footprint(shape).tier_bytes``; their ``placement_for`` and ``layer_cost`` read it too.
 
 Shapes (a :class:`~hybridgen.methods.footprint.KVShape`): L layers, B rows, Hkv KV heads, D
-head dim, b bytes per element, C = prompt + new tokens; n = ``gpu_budget.resolve(prompt)``
-GPU tokens per layer (sinks s + window w). Validity masks (one byte per KV head and token)
+head dim, b bytes per element, C = prompt + new tokens; n = :func:`gpu_share_tokens`
+GPU tokens per layer (sinks s + window w): ``gpu_budget.resolve(prompt)``, or, when that is
+the whole prompt, ``gpu_budget.resolve(C)`` (a budget that covers the context keeps the new
+tokens on the GPU too: the host stays empty). Validity masks (one byte per KV head and token)
 are counted: the statement is that of a left-padded batch (a batch without padding
 allocates no mask and holds less).
 
@@ -41,6 +43,14 @@ SHIP_LAYERS = 2  # shipped rows of two layers may be alive at once (one consumed
 
 
 # ---------------------------------------------------------------------- capacities (tokens)
+def gpu_share_tokens(budget: Any, prompt: int, context: int) -> int:
+    """Tokens per layer the gpu tier holds (sinks + window): ``budget`` of the prompt; when that
+    is the whole prompt, ``budget`` of the context (prompt + new tokens), so a budget that
+    covers the context (1.0, or a token count >= it) never moves a token to the host."""
+    n = budget.resolve(prompt)
+    return budget.resolve(context) if n >= prompt else n
+
+
 def window_capacity(gpu_tokens: int, sinks: int, adapt_split: bool) -> int:
     """Slots of a layer's gpu segment: sinks + window + the spare slot of
     :meth:`~hybridgen.hybrid.window.RingWindow.place_new` (+ the window again when the split
@@ -98,7 +108,7 @@ def ship_tokens(k: int, per_head: bool, group: int) -> int:
 # ---------------------------------------------------------------------- footprints
 def hybridgen_footprint(m: Any, shape: KVShape) -> Footprint:
     """:class:`~hybridgen.hybrid.method.HybridGen` ``m`` on ``shape`` (module docstring)."""
-    n = m.gpu_budget.resolve(shape.prompt)
+    n = gpu_share_tokens(m.gpu_budget, shape.prompt, shape.context)
     win, host = window_capacity(n, m.sinks, m.adapt_split), host_capacity(shape.context, n)
     policy = parse_mapping(m.mapping)
     parts = [{"gpu": shape.kv_bytes(win)}]
@@ -119,7 +129,7 @@ def ship_staging_bytes(m: Any, shape: KVShape, group: int = 1) -> int:
     (the pinned top-k ratio or the scheduler's bound, of every host token): device copies
     outside the store's ledger (:func:`ship_tokens`; group: query heads per KV head, which
     KVShape does not carry: 1 where unknown)."""
-    host = host_capacity(shape.context, m.gpu_budget.resolve(shape.prompt))
+    host = host_capacity(shape.context, gpu_share_tokens(m.gpu_budget, shape.prompt, shape.context))
     k = topk_count(max_topk_ratio(m.topk_ratio), host, m.min_topk)
     return SHIP_LAYERS * ship_tokens(k, m.per_head, group) * shape.batch * shape.token_bytes
 

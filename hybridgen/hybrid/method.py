@@ -5,8 +5,10 @@ Per layer the KV is split by token: the gpu tier holds ``sinks`` + a recent wind
 (``gpu_budget`` tokens, a ring: :mod:`hybridgen.hybrid.window`), the host every older token.
 At each decode step and layer the CPU scans the host keys with the (stand-in) query, takes
 the top-k and ships logits + V rows (``ship='logits'``) or its own [out, lse]
-(``ship='partial'``, :mod:`hybridgen.hybrid.ship`); the GPU computes its window's logits and
-runs ONE softmax over both (:func:`hybridgen.attention.softmax_over_parts`). The CPU branch
+(``ship='partial'``, :mod:`hybridgen.hybrid.ship`); the GPU attends its window with a fused
+partial that returns the LSE and joins the shipped part by the exact LSE merge, in ONE
+softmax (:mod:`hybridgen.hybrid.gpu_share`); a layer with nothing on the host runs ``full``'s
+own attention. The CPU branch
 (:mod:`hybridgen.hybrid.host_branch`) runs a layer ahead with a stand-in query
 (:mod:`hybridgen.hybrid.speculation`), the feedback scheduler (:mod:`hybridgen.hybrid.scheduler`) moves
 the top-k ratio from measured branch times (:mod:`hybridgen.hybrid.timing`), and
@@ -29,12 +31,12 @@ from typing import Annotated, Any, ClassVar, Dict, List, Literal, Optional, Tupl
 from torch import Tensor
 
 from hybridgen.attention import attention_logits
-from hybridgen.attention.cuda import softmax_over_parts  # CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.attention.cpu_scan import resolve_backend, rows_logits, scan_is_exact
-from hybridgen.attention.partial import _mask_logits
+from hybridgen.hybrid.gpu_share import dense_decode, gpu_share_partial, merge_with_host
 from hybridgen.hybrid.host_branch import HostSelection, host_branch, masked_heads, topk_count
-from hybridgen.hybrid.memory import host_capacity, hybridgen_footprint, hybridgen_placement, window_capacity
+from hybridgen.hybrid.memory import (gpu_share_tokens, host_capacity, hybridgen_footprint, hybridgen_placement,
+                                    window_capacity)
 from hybridgen.hybrid.parts import compose
 from hybridgen.hybrid.scheduler import FeedbackScheduler, SchedulerConfig
 from hybridgen.hybrid.speculation import DecodePositions, StandInQuality
@@ -54,7 +56,8 @@ from hybridgen.methods.footprint import Footprint, KVShape
 class HybridGen(KVMethod):
     """HybridGen: CPU top-k logits + V rows and GPU window attention under one softmax.
 
-    gpu_budget: tokens per layer on the gpu tier (sinks + recent window).
+    gpu_budget: tokens per layer on the gpu tier (sinks + recent window); one that covers the
+        prompt covers the context: new tokens stay on the GPU (hybrid.memory.gpu_share_tokens).
     sinks: leading tokens pinned on the gpu tier.
     topk_ratio: fraction of the scanned host tokens selected; None = the scheduler owns it
         (start 0.05, x1.2 / x0.8 every ``sched_interval`` steps within [0.01, 0.5]); a number
@@ -148,10 +151,10 @@ class HybridGen(KVMethod):
     def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
         ctx = self.ctx
         B, H, T, D = k.shape
-        gpu_tokens = self.gpu_budget.resolve(T)
-        self.n_sinks = min(self.sinks, gpu_tokens)
+        gpu_tokens = gpu_share_tokens(self.gpu_budget, T, ctx.max_len)  # > T: new tokens stay too
+        self.n_sinks = min(self.sinks, gpu_tokens, T)
         s, w = self.n_sinks, gpu_tokens - self.n_sinks
-        host_end = T - w
+        host_end = T - min(w, T - s)  # the window's prompt tokens stay on the gpu tier
         with_mask = valid is not None and not bool(valid.all())
         place = self.policy.placement(layer)
         gpu = KVSegment(ctx.store["gpu"], B, H, D, k.dtype, f"layer{layer}/gpu",
@@ -272,21 +275,24 @@ class HybridGen(KVMethod):
     # ------------------------------------------------------------------ decode
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         gpu, host, win = self.gpu[layer], self.host[layer], self.windows[layer]
-        Hkv, scale = self.ctx.num_kv_heads, self.ctx.scale
+        scale = self.ctx.scale
         t_start = self.timer.clock()
         has_host = host.length > 0
         q_true = self._start_host_branch(layer, q) if has_host else None
         self.parts.lookahead.at_layer(layer, q)  # the next layer's deferred scan; stand-in measures
-        # GPU branch: the streamed slice (three-way), window + sinks + the new token (placed first)
-        parts = self.parts.split.streamed_parts(layer, q) if has_host else []
-        in_gpu = win.place_new(gpu, k, v)  # False with no window: attended as its own part
-        parts.append((_mask_logits(attention_logits(q, gpu.k, scale), gpu.mask, Hkv), gpu.v))
-        if not in_gpu:
-            parts.append((attention_logits(q, k, scale), v))
-        t_gpu = self.timer.clock()
-        if has_host:  # the CPU branch's shipped part, first
-            parts.insert(0, self._host_part(layer, q, q_true))
-        out = softmax_over_parts(parts, Hkv).to(q.dtype)
+        # GPU branch (hybridgen.hybrid.gpu_share): the streamed slice (three-way), the new token
+        # placed in the window first (False with no window: attended as its own part)
+        streamed = self.parts.split.streamed_parts(layer, q) if has_host else []
+        in_gpu = win.place_new(gpu, k, v)
+        if not has_host and in_gpu:  # nothing on the host: full's own attention, bit for bit
+            out = dense_decode(q, gpu.k, gpu.v, scale, gpu.mask)
+            t_gpu = self.timer.clock()
+        else:  # the fused partial with its LSE, before the wait; the LSE merge after it
+            own = [] if in_gpu else [(attention_logits(q, k, scale), v)]
+            share = gpu_share_partial(q, gpu, scale)
+            t_gpu = self.timer.clock()
+            host_part = self._host_part(layer, q, q_true) if has_host else None
+            out = merge_with_host(host_part, streamed + own, share, self.ctx.num_kv_heads, q.dtype)
         self._plans.pop(layer, None)
         moved = win.settle(gpu, host) if in_gpu else win.place(gpu, host, k, v)
         if moved:

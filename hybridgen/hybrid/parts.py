@@ -28,7 +28,7 @@ from torch import Tensor
 from hybridgen.attention import attention_logits
 from hybridgen.attention.key_sketch import KeySketch
 from hybridgen.attention.partial import _mask_logits
-from hybridgen.hybrid.memory import host_capacity, max_stream_fraction, stream_capacity
+from hybridgen.hybrid.memory import gpu_share_tokens, host_capacity, max_stream_fraction, stream_capacity
 from hybridgen.hybrid.scheduler import SchedulerConfig
 from hybridgen.hybrid.ship import ShipPacker, ship_packer
 from hybridgen.hybrid.speculation import next_layer, stand_in_query
@@ -82,7 +82,7 @@ class ThreeWaySplit(PlainSplit):
         if layer != 0:
             return
         B, H, T, D = k.shape
-        tokens = stream_capacity(host_capacity(m.ctx.max_len, m.gpu_budget.resolve(T)),
+        tokens = stream_capacity(host_capacity(m.ctx.max_len, gpu_share_tokens(m.gpu_budget, T, m.ctx.max_len)),
                                  max_stream_fraction(m.stream_ratio))
         if tokens:
             m.streams.reserve(min(m.ctx.num_layers, 2), B, H, D, k.dtype, tokens, with_mask)

@@ -20,12 +20,26 @@ def sdpa_decode(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
+def dense_decode(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Optional[Tensor] = None) -> Tensor:
+    """``full``'s decode attention over all of a layer's KV: torch's fused SDPA on CUDA without a
+    mask (:func:`sdpa_decode`), ``partial_attention`` otherwise. HybridGen runs this very
+    function when a layer has nothing on the host, so both give the same bits.
+
+    q [B, Hq, 1, D]; k, v [B, Hkv, T, D]; mask [B, Hkv, T]-broadcastable bool or None.
+    Returns [B, Hq, 1, D] in q's dtype.
+    """
+    if q.is_cuda and mask is None:  # the GPU reference runs torch's fused kernels, not ours
+        return sdpa_decode(q, k, v, scale)
+    out, _ = partial_attention(q, k, v, scale, mask)
+    return out
+
+
 @dataclass
 class Full(KVMethod):
     """Dense attention over the whole context with all KV on the gpu tier.
 
     Capacity for prompt + generated tokens is reserved at prefill, so decode never reallocates.
-    On CUDA without padding, decode runs torch's fused SDPA (:func:`sdpa_decode`), so the
+    Decode runs :func:`dense_decode`: on CUDA without padding torch's fused SDPA, so the
     reference is as fast as torch makes dense attention; elsewhere ``partial_attention``.
     """
 
@@ -46,10 +60,7 @@ class Full(KVMethod):
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         seg = self.segments[layer]
         seg.append(k, v)
-        if q.is_cuda and seg.mask is None:  # the GPU reference runs torch's fused kernels, not ours
-            return sdpa_decode(q, seg.k, seg.v, self.ctx.scale)
-        out, _ = partial_attention(q, seg.k, seg.v, self.ctx.scale, seg.mask)
-        return out
+        return dense_decode(q, seg.k, seg.v, self.ctx.scale, seg.mask)
 
     def release(self) -> None:
         for seg in getattr(self, "segments", []):

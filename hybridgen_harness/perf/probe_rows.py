@@ -153,7 +153,7 @@ def _alp_rows(alp: List[Dict[str, Any]], hw: HardwareProfile) -> List[Row]:
                         note="exact split, serial, host KV pinned"))
         lay = hybridgen_cost(c, gpu_budget, TOPK, per_head=False, pipelined=False, mapping="dram", pinned=True,
                              staging_pinned=False, serial=True, host_ops=ALP_HOST_OPS, gpu_kernels=ALP_GPU_KERNELS,
-                             fused_select=False)  # the probe's step selects with torch
+                             fused_select=False, fused_share=False)  # the probe's step: plain torch
         rows.append(Row(f"GQA L={L} 90% host: HybridGen step", SOURCE, lay.attn, ms("alp_ms"),
                         fitted="host.topk_gbps, host.group_score_gbps" if L == 32768 else "",
                         note="hybridgen, not pipelined, serial, keys pinned, rows copied from pageable memory",

@@ -11,8 +11,9 @@ failures raise. The first CuPy result of each kernel and dtype is checked agains
 (:mod:`hybridgen.attention.cuda.verification`).
 
 Used by ``hybrid-exact`` and FlexGen (``partial_attention``) and ``hybridgen``
-(``softmax_over_parts``: it computes the GPU logits before the host top-k arrives, so the
-GPU logits overlap the CPU branch; ``hybrid_decode_attention`` fuses both for benchmarks).
+(``partial_attention`` over its GPU share before the host top-k arrives, so it overlaps the
+CPU branch, then ``softmax_over_parts`` over the shipped part and the share's [lse, out]:
+:mod:`hybridgen.hybrid.gpu_share`; ``hybrid_decode_attention`` fuses both for benchmarks).
 """
 from __future__ import annotations
 
