@@ -120,16 +120,14 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
         scanned = c.B * (S_h - tail) * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
         scan_rate, rate_measured = c.sketch_rate(key_sketch)
         exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, c.scan_rate(pinned=False), key_tier)
-        kc = min(S_h, math.ceil(oversample * k))
-        rerank = c.gather_time(c.B * Hsel * kc, row, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
+        rerank = _rerank_time(c, min(S_h, math.ceil(oversample * k)), Hsel, key_tier)
         host_ops += SKETCH_HOST_OPS
     else:
         scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
         exact_tail = 0.0
         if scan == "bf16dot" and c.w.dtype_key == "bf16":  # priced at the exact scan's rate: assumed
             rate_measured = False
-            kc = min(S_h, math.ceil(scan_oversample * k))
-            rerank = c.gather_time(c.B * Hsel * kc, row, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
+            rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier)
             host_ops += BF16DOT_HOST_OPS
     scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
     if fused_select:
@@ -166,6 +164,12 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                                 "fixed_s": host_fixed + gpu_fixed, "scan_rate_gbps": scan_rate, "topk_tokens": k,
                                 "h2d_bytes": h2d_bytes, "scanned_key_bytes": scanned},
                      label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
+
+
+def _rerank_time(c: CostContext, kc: int, Hsel: int, key_tier: str) -> float:
+    """The exact re-rank after an approximate scan (a key sketch, the bf16-dot scan): the kc
+    candidates' key rows read from the key tier, their B*Hq*kc fp32 logits ranked."""
+    return c.gather_time(c.B * Hsel * kc, c.D * c.b, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
 
 
 def _full_path(c: CostContext, label: str) -> LayerCost:
