@@ -163,6 +163,28 @@ def test_bf16_keys_default_scans_bf16dot_and_scan_exact_keeps_the_exact_scan(mon
         assert float((a.float() - b.float()).abs().max()) < 0.1
 
 
+def test_with_a_key_sketch_the_keys_tail_is_scanned_at_scans_precision(monkeypatch):
+    """key_sketch + the default scan on bf16 keys: the sketch is the selection scan, the keys'
+    tail it does not hold yet is scanned bf16-dot, and the candidates (sketch_oversample of
+    them) are re-ranked exactly as before; scan='exact' scans that tail exactly."""
+    from hybridgen.attention.key_sketch import SKETCH_BLOCK
+
+    shape = (1, 4, 2, 16, SKETCH_BLOCK + 40)  # a partial tail block on the host
+    calls = _host_branch_calls(monkeypatch)
+    outs = []
+    for scan in ("bf16dot", "exact"):
+        m = HybridGen(gpu_budget=Budget(tokens=8), topk_ratio=0.2, key_sketch="int8", sketch_oversample=1.5,
+                      scan=scan, pipeline=False)
+        run = drive(m, shape, 3, seed=11, dtype=torch.bfloat16, pool=POOL)
+        assert m.parts.scan.precision == scan and m.parts.scan.exact
+        outs.append([r.out for r in run.records])
+        m.release()
+    half = len(calls) // 2
+    assert set(calls[:half]) == {("bf16dot", 1.5)} and set(calls[half:]) == {("exact", 1.5)}
+    for a, b in zip(*outs):
+        assert float((a.float() - b.float()).abs().max()) < 0.1
+
+
 @pytest.mark.parametrize("bad", [{"scan": "fp8"}, {"scan": "BF16DOT"}, {"scan_oversample": 0.5},
                                  {"scan_oversample": float("nan")}])
 def test_bad_scan_values_are_refused_in_one_line(bad):
