@@ -83,6 +83,8 @@ METHODS.update({
     "hybridgen-no-pipeline": ("hybridgen", {"pipeline": False}),
     "hybridgen-sketch-int8": ("hybridgen", {"key_sketch": "int8"}),
     "hybridgen-sketch-int4": ("hybridgen", {"key_sketch": "int4"}),
+    "hybridgen-scan-exact": ("hybridgen", {"scan": "exact"}),  # the fp32 scan (default: bf16dot on bf16 keys)
+    "hybridgen-b20-scan-exact": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1, "scan": "exact"}),
 })
 
 

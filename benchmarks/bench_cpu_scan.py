@@ -27,9 +27,16 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
   recompute (and re-rank of ``--oversample`` x k candidates) after a sketch scan, V-row
   gather) per scan kind, as GB/s of *bf16 key bytes* (the branch's work, whatever it reads)
   and its split by stage;
-- recall of the exact top-k by each sketch's selection and by ``select_bf16dot`` (random keys, and "real-like" keys:
+- ``default branch``: the whole CPU branch of ``hybridgen`` at its DEFAULT configuration
+  (:func:`default_branch`: its ``scan`` for bf16 keys, ``scan_oversample``, kernels, group
+  score, shared selection; the top-k at ``--topk-ratio``, the scheduler's start ratio by
+  default; the true query's branch, which keeps no key rows): GB/s of key bytes
+  (``default_branch_gbps``, stages in ``branch_stages_ms``) against ``read`` of the same run;
+- recall of the exact top-k by each sketch's selection, by ``select_bf16dot`` and by the default
+  branch (``default_recall``: real-like keys) (random keys, and "real-like" keys:
   a few large channels and a set of tokens aligned with the query, as in LLM caches).
-Targets (issue 10): scan >= 0.8 x read, branch >= 0.6 x read, sketch >= 1.5 x bf16 limit.
+Targets: scan >= 0.8 x read, branch >= 0.6 x read, sketch >= 1.5 x bf16 limit (issue 10);
+default branch >= 0.8 x read (issue 22).
 ``--json FILE`` writes the numbers: top-level keys are those of the run at the most threads,
 ``by_threads`` holds every run.
 """
@@ -56,7 +63,7 @@ from hybridgen.attention import native  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.attention.cpu_select import DEFAULT_OVERSAMPLE, select_bf16dot  # noqa: E402
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
-from hybridgen.hybrid.host_branch import host_branch, topk_count  # noqa: E402
+from hybridgen.hybrid.host_branch import host_branch, scan_precision, topk_count  # noqa: E402
 from hybridgen.eval.environment import cpu_model  # noqa: E402
 from hybridgen.eval.provenance import code_version  # noqa: E402
 from hybridgen.hybrid import HybridGen  # noqa: E402
@@ -64,7 +71,9 @@ from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.validation.cli import exit_one_line, parse_checked  # noqa: E402
 from hybridgen.validation.paths import check_output_file  # noqa: E402
 
-TARGETS = {"scan_over_read": 0.8, "branch_over_read": 0.6, "sketch_over_bf16_limit": 1.5}
+TARGETS = {"scan_over_read": 0.8, "branch_over_read": 0.6, "sketch_over_bf16_limit": 1.5,
+           "default_branch_over_read": 0.8}
+DEFAULT = HybridGen()  # the default configuration whose CPU branch ``default branch`` times
 
 
 def rounds(fns: Dict[str, Callable[[int], object]], reps: int, copies: int) -> Dict[str, List[float]]:
@@ -131,6 +140,22 @@ def recall_bf16dot(q: torch.Tensor, keys: torch.Tensor, k: int, oversample: floa
     return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
 
 
+def default_branch(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k: int, **kw):
+    """The CPU branch of ``hybridgen`` at its defaults (:data:`DEFAULT`) over bf16 keys [B, Hkv, T, D]:
+    what ``HybridGen._cpu_task`` runs for a layer scanned with the true query (no key sketch)."""
+    m = DEFAULT
+    return host_branch(q, keys, vals, keys.shape[-1] ** -0.5, k, m.per_head, backend=m.scan_backend,
+                       topk_backend=m.topk_backend, group_score=m.group_score,
+                       precision=scan_precision(m.scan, keys.dtype), oversample=m.scan_oversample, **kw)
+
+
+def recall_default(q: torch.Tensor, keys: torch.Tensor, k: int) -> float:
+    """Share of the exact scan's top-k (shared selection, max group score) that :func:`default_branch` keeps."""
+    ex = host_branch(q, keys, keys, keys.shape[-1] ** -0.5, k, per_head=False, backend="auto").idx
+    got = default_branch(q, keys, keys, k).idx
+    return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
+
+
 def run(args, threads: int, data: dict) -> dict:
     torch.set_num_threads(threads)
     pool = CPUAttentionPool(workers=1, split_threads=threads)
@@ -159,12 +184,14 @@ def run(args, threads: int, data: dict) -> dict:
         for kind in args.sketches:
             fns[f"sketch {kind} avx2"] = (lambda kd: lambda i: at_level(1, sketches[kd][i].scan, q, scale, 0, T,
                                                                         out=out, pool=pool))(kind)
-    fns["branch exact"] = lambda i: host_branch(q, keys[i], vals, scale, k_sel, False, backend="native", pool=pool,
-                                                v_out=v_out)
+    branch_fns = {"branch exact": lambda i: host_branch(q, keys[i], vals, scale, k_sel, False, backend="native",
+                                                        pool=pool, v_out=v_out)}
     for kind in args.sketches:
-        fns[f"branch {kind}"] = (lambda kd: lambda i: host_branch(q, keys[i], vals, scale, k_sel, False,
-                                                                  sketch=sketches[kd][i], pool=pool, v_out=v_out,
-                                                                  oversample=args.oversample))(kind)
+        branch_fns[f"branch {kind}"] = (lambda kd: lambda i: host_branch(
+            q, keys[i], vals, scale, k_sel, False, sketch=sketches[kd][i], pool=pool, v_out=v_out,
+            oversample=args.oversample))(kind)
+    branch_fns["default branch"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool, v_out=v_out)
+    fns.update(branch_fns)
     load0 = os.getloadavg()
     secs = rounds(fns, args.reps, args.copies)
     res: dict = {"threads": threads, "loadavg_before": list(load0), "loadavg_after": list(os.getloadavg())}
@@ -185,13 +212,10 @@ def run(args, threads: int, data: dict) -> dict:
     limit = read * 1e9 / (D * 2)
     # stage split of each branch kind (one more call each, medians of the stages over reps)
     stages = {}
-    for name in branches:
-        kind = name.split()[1]
+    for name, fn in branch_fns.items():
         parts = {"scan_ms": [], "select_ms": [], "recompute_ms": [], "gather_ms": []}
         for r in range(args.reps):
-            i = r % args.copies
-            sel = host_branch(q, keys[i], vals, scale, k_sel, False, backend="native", pool=pool, v_out=v_out,
-                              sketch=None if kind == "exact" else sketches[kind][i], oversample=args.oversample)
+            sel = fn(r % args.copies)
             for part, v in (("scan_ms", sel.scan_s), ("select_ms", sel.topk_s), ("recompute_ms", sel.recompute_s),
                             ("gather_ms", sel.gather_s)):
                 parts[part].append(v * 1e3)
@@ -204,6 +228,12 @@ def run(args, threads: int, data: dict) -> dict:
         "branch_gbps_spread": [branches[best_branch]["gbps_min"], branches[best_branch]["gbps_max"]],
         "sketch_tokens_per_s": sk_rows[best_sketch]["tokens_per_s"] if best_sketch else None,
         "sketch_kind": best_sketch, "bf16_limit_tokens_per_s": limit, "topk": k_sel,
+        "default_branch_gbps": rows["default branch"]["gbps"],
+        "default_branch_gbps_spread": [rows["default branch"]["gbps_min"], rows["default branch"]["gbps_max"]],
+        "default_config": {"scan": DEFAULT.scan, "precision": scan_precision(DEFAULT.scan, torch.bfloat16),
+                           "scan_oversample": DEFAULT.scan_oversample, "scan_backend": DEFAULT.scan_backend,
+                           "topk_backend": DEFAULT.topk_backend, "group_score": DEFAULT.group_score,
+                           "per_head": DEFAULT.per_head, "topk_ratio": args.topk_ratio},
         "rows": rows, "branch_stages_ms": stages,
     })
     res["bf16dot"] = {
@@ -220,7 +250,8 @@ def run(args, threads: int, data: dict) -> dict:
         "exact_select_over_read": rows["exact select"]["gbps"] / read,
     }
     ratios = {"scan_over_read": res["scan_gbps"] / read, "branch_over_read": res["branch_gbps"] / read,
-              "sketch_over_bf16_limit": (res["sketch_tokens_per_s"] / limit) if best_sketch else None}
+              "sketch_over_bf16_limit": (res["sketch_tokens_per_s"] / limit) if best_sketch else None,
+              "default_branch_over_read": res["default_branch_gbps"] / read}
     res["ratios"] = ratios
     res["targets_met"] = {n: (v is not None and v >= TARGETS[n]) for n, v in ratios.items()}
     pool.shutdown()
@@ -253,6 +284,10 @@ def print_run(res: dict, read: float, limit: float) -> None:
           f"[{res['branch_config']}], sketch/bf16-limit "
           f"{rt['sketch_over_bf16_limit'] if rt['sketch_over_bf16_limit'] is not None else float('nan'):.2f} "
           f"(>= 1.5: {'met' if met['sketch_over_bf16_limit'] else 'NOT met'}) [{res['sketch_kind']}]")
+    print(f"default branch ({res['default_config']['precision']}, oversample "
+          f"{res['default_config']['scan_oversample']:g}): {res['default_branch_gbps']:.2f} GB/s = "
+          f"{rt['default_branch_over_read']:.2f} x read {read:.2f} (>= 0.8: "
+          f"{'met' if met['default_branch_over_read'] else 'NOT met'})")
     bd = res["bf16dot"]
     print(f"bf16-dot ({bd['isa']}): scan/read {bd['scan_over_read']:.2f} (exact scan {bd['exact_scan_over_read']:.2f}), "
           f"select/read {bd['select_over_read']:.2f} (exact scan + select {bd['exact_select_over_read']:.2f})")
@@ -333,16 +368,20 @@ def main(argv=None) -> int:
     for o in sorted({1.0, args.bf16dot_oversample}):
         rec[f"bf16dot@{o:g}_random"] = recall_bf16dot(q, keys[0][:, :, :rec_T].contiguous(), rk, o)
         rec[f"bf16dot@{o:g}_real_like"] = recall_bf16dot(q, rl, rk, o)
+    rec["default_random"] = recall_default(q, keys[0][:, :, :rec_T].contiguous(), rk)
+    rec["default_real_like"] = recall_default(q, rl, rk)
     print(f"\nrecall of the exact top-{rk} of {rec_T} tokens by each selection (kind@oversample): "
           + ", ".join(f"{k} {v:.3f}" for k, v in rec.items()))
     top = runs[str(max(threads))]
     out = {k: top[k] for k in ("read_gbps", "scan_gbps", "branch_gbps", "sketch_tokens_per_s",
                                "bf16_limit_tokens_per_s", "threads", "ratios", "targets_met", "scan_kernel",
-                               "branch_config", "sketch_kind", "bf16dot")}
+                               "branch_config", "sketch_kind", "bf16dot", "default_branch_gbps",
+                               "default_branch_gbps_spread", "default_config")}
+    out.update({"default_recall": rec["default_real_like"], "default_recall_random": rec["default_random"]})
     out.update({"shape": {"batch": B, "kv_heads": H, "group": G, "head_dim": D, "host_tokens": T, "topk": k_sel,
                           "dtype": "bfloat16"},
                 "reps": args.reps, "copies": args.copies, "cold_bytes_per_copy": B * H * T * D * 2,
-                "recall": recall_note(rec, rk, rec_T), "by_threads": runs,
+                "recall": {"topk": rk, "tokens": rec_T, **rec}, "by_threads": runs,
                 "oversample": args.oversample, "command": " ".join(["python", *sys.argv]),
                 "code": code_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "cpu_isa": native.ISA_NAMES[native.isa()],
@@ -354,10 +393,6 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0
-
-
-def recall_note(rec: dict, k: int, T: int) -> dict:
-    return {"topk": k, "tokens": T, **rec}
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ BAD = [
     ("hybridgen", "mapping", "ssd", "one of 'semantic'"),
     ("hybridgen", "key_sketch", "int2", "one of 'none', 'int8', 'int4'"),
     ("hybridgen", "sketch_oversample", 0.5, "in [1, 16]"),
+    ("hybridgen", "scan", "fp8", "one of 'bf16dot', 'exact'"),
+    ("hybridgen", "scan_oversample", 0.5, "in [1, 16]"),
     ("flexgen", "attention_on", "tpu", "one of 'gpu', 'cpu'"),
     ("hybrid-exact", "key_tier", "gpu", "one of 'dram', 'cxl'"),
     ("snapkv", "kernel", 4, "odd integer"),

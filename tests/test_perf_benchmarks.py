@@ -55,7 +55,13 @@ def test_cpu_branch_benchmark_writes_its_numbers(tmp_path):
     for key in ("read_gbps", "scan_gbps", "branch_gbps", "sketch_tokens_per_s", "bf16_limit_tokens_per_s"):
         assert data[key] > 0, key
     assert data["threads"] == 1 and set(data["targets_met"]) == {"scan_over_read", "branch_over_read",
-                                                                 "sketch_over_bf16_limit"}
+                                                                 "sketch_over_bf16_limit", "default_branch_over_read"}
     assert data["ratios"]["scan_over_read"] == pytest.approx(data["scan_gbps"] / data["read_gbps"])
+    # the whole CPU branch of hybridgen's default configuration (issue 22): bf16-dot scan + re-rank
+    assert data["default_branch_gbps"] > 0 and data["ratios"]["default_branch_over_read"] == pytest.approx(
+        data["default_branch_gbps"] / data["read_gbps"])
+    assert data["default_config"]["precision"] == "bf16dot" and data["default_config"]["scan_oversample"] == 1.25
+    assert data["default_recall"] >= 0.99 and data["default_recall_random"] >= 0.99
+    assert "default branch" in data["by_threads"]["1"]["branch_stages_ms"] and "default branch (" in res.stdout
     assert data["code"]["commit"] is None or len(data["code"]["commit"]) == 40
     assert "targets:" in res.stdout and "recall of the exact top-" in res.stdout

@@ -130,7 +130,7 @@ def test_hybridgen_key_sketch_prices_fewer_scanned_bytes_and_the_rerank():
 
     hw = load_profile("h200-host")
     work = Workload(batch=8, context=32768, dtype="bf16")
-    base = HybridGen(topk_ratio=0.05)
+    base = HybridGen(topk_ratio=0.05, scan="exact")  # against the exact key scan
     exact = predict_step(base, "llama-3.1-8b", work, hw).breakdown
     sk = predict_step(dataclasses.replace(base, key_sketch="int4"), "llama-3.1-8b", work, hw).breakdown
     ratio = sketch_bytes_per_token("int4", 128) / (128 * 2)
@@ -150,6 +150,35 @@ def test_hybridgen_key_sketch_prices_fewer_scanned_bytes_and_the_rerank():
     fast = dataclasses.replace(hw, host=dataclasses.replace(hw.host, key_sketch_gbps={"int4": 1000.0}))
     measured = predict_step(dataclasses.replace(base, key_sketch="int4"), "llama-3.1-8b", work, fast).breakdown
     assert measured["scan_rate_measured"] is True and measured["scan_s"] < sk["scan_s"]
+
+
+def test_hybridgen_bf16dot_scan_prices_the_rerank_at_the_assumed_scan_rate():
+    """scan='bf16dot' (the default) on bf16 keys: the same key bytes at the exact scan's rate
+    (flagged as not measured), plus the exact rows of ceil(scan_oversample * k) candidates and
+    BF16DOT_HOST_OPS; on fp32 keys it is the exact scan, priced as such."""
+    import dataclasses
+
+    from hybridgen.hybrid import HybridGen
+    from hybridgen.hybrid.cost import BF16DOT_HOST_OPS
+    from hybridgen.perf import predict_step
+    from hybridgen.perf.profiles import load_profile
+    from hybridgen.shapes import Workload
+
+    hw = load_profile("h200-host")
+    work = Workload(batch=8, context=32768, dtype="bf16")
+    dot = HybridGen(topk_ratio=0.05)
+    assert dot.scan == "bf16dot"
+    exact = predict_step(dataclasses.replace(dot, scan="exact"), "llama-3.1-8b", work, hw).breakdown
+    got = predict_step(dot, "llama-3.1-8b", work, hw).breakdown
+    assert got["scan_s"] == pytest.approx(exact["scan_s"]) and got["scanned_key_bytes"] == exact["scanned_key_bytes"]
+    assert got["scan_rate_measured"] is False and exact["scan_rate_measured"] is True
+    assert exact["rerank_s"] == 0 and got["rerank_s"] > 0
+    assert got["fixed_s"] - exact["fixed_s"] == pytest.approx(BF16DOT_HOST_OPS * hw.host.op_us * 1e-6)
+    more = predict_step(dataclasses.replace(dot, scan_oversample=2.0), "llama-3.1-8b", work, hw).breakdown
+    assert more["rerank_s"] > got["rerank_s"]
+    fp32 = Workload(batch=8, context=32768, dtype="fp32")
+    assert (predict_step(dot, "llama-3.1-8b", fp32, hw).breakdown
+            == predict_step(dataclasses.replace(dot, scan="exact"), "llama-3.1-8b", fp32, hw).breakdown)
 
 
 def test_selection_is_priced_as_the_code_does_it():

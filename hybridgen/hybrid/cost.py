@@ -8,6 +8,8 @@ It prices what ``HybridGen.decode`` runs (:mod:`hybridgen.hybrid.gpu_share`):
                   cost is :func:`~hybridgen.perf.costs.full_cost`'s (fused rate, FULL_KERNELS)
   hybridgen       k = ceil(topk_ratio*S_h), Hsel = Hq (per_head) or Hkv
                   cpu = scan(B*S_h*key_tok / key_scan rate, pinned or pageable keys)
+                        (+ rerank with the bf16-dot scan of bf16 keys, ``scan='bf16dot'``:
+                        ceil(oversample*k) exact key rows gathered and ranked)
                         + group score(B*Hq*S_h*4 / group_score_gbps; shared selection only)
                         + topk(B*Hsel*S_h*4 / topk_gbps)
                         + gather(B*Hsel*k*D*b at the value tier, + CXL latency term)
@@ -61,6 +63,11 @@ HYBRIDGEN_GPU_KERNELS = 7
 # (the sync's front check, the exact tail's scan and its copy, the statistics' concatenation,
 # the re-rank's buffers, the candidates' gather) and the rest views or no-op conversions
 SKETCH_HOST_OPS = 10
+# scan='bf16dot' adds 33 torch calls per layer to the CPU branch (a TorchFunctionMode around
+# host_branch, bf16 keys, no mask: 87 calls against 54 with 'exact'), 5 of them real (the
+# query's bf16 rounding, its fp32 copy for the exact rows, two pool hand-offs: the exact rows'
+# and the re-rank's C kernels, the candidates' gather); the rest views, empties and pointers
+BF16DOT_HOST_OPS = 5
 
 __all__ = ["hybridgen_cost", "hybridgen_variant_cost", "hybridgen_layer_cost"]
 
@@ -69,7 +76,8 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                    pipelined: bool = True, mapping: Placement = "semantic", pinned: Optional[bool] = None,
                    staging_pinned: bool = True, serial: bool = False, host_ops: int = HYBRIDGEN_HOST_OPS,
                    gpu_kernels: int = HYBRIDGEN_GPU_KERNELS, key_sketch: Optional[str] = None,
-                   oversample: float = 1.0, fused_select: bool = True, fused_share: bool = True) -> LayerCost:
+                   oversample: float = 1.0, fused_select: bool = True, fused_share: bool = True,
+                   scan: str = "exact", scan_oversample: float = 1.25) -> LayerCost:
     """HybridGen: CPU key scan + group score + top-k over the host keys, the selected rows'
     logits and V rows shipped to the GPU, ONE softmax with the GPU share after the wait; with
     nothing on the host (S_h == 0), ``full``'s cost (the code runs ``full``'s attention).
@@ -85,6 +93,10 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     the branch then reads ceil(oversample * k) exact key rows and re-ranks them (``rerank_s``);
     the keys' last, partial block is scanned exactly (the sketch holds whole blocks), and the
     branch pays SKETCH_HOST_OPS more host ops;
+    scan='bf16dot' (bf16 keys only, as :func:`~hybridgen.hybrid.host_branch.scan_precision`):
+    the keys are scanned at the exact key scan's rate (an assumption: the profiles hold no
+    rate of the bf16-dot scan, ``scan_rate_measured`` False) and ceil(scan_oversample * k)
+    candidates' exact key rows are read and re-ranked (``rerank_s``), + BF16DOT_HOST_OPS;
     fused_select: the selection is the code's fused C pass (host.select_gbps where the profile
     has it); False prices torch's group score + top-k (the H200 probe's plain-torch step).
     fused_share: the GPU share is a fused partial with its LSE (the code); False prices its
@@ -108,12 +120,15 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
         scanned = c.B * (S_h - tail) * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
         scan_rate, rate_measured = c.sketch_rate(key_sketch)
         exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, c.scan_rate(pinned=False), key_tier)
-        kc = min(S_h, math.ceil(oversample * k))
-        rerank = c.gather_time(c.B * Hsel * kc, row, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
+        rerank = _rerank_time(c, min(S_h, math.ceil(oversample * k)), Hsel, key_tier)
         host_ops += SKETCH_HOST_OPS
     else:
         scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
         exact_tail = 0.0
+        if scan == "bf16dot" and c.w.dtype_key == "bf16":  # priced at the exact scan's rate: assumed
+            rate_measured = False
+            rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier)
+            host_ops += BF16DOT_HOST_OPS
     scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
     if fused_select:
         group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)
@@ -149,6 +164,12 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                                 "fixed_s": host_fixed + gpu_fixed, "scan_rate_gbps": scan_rate, "topk_tokens": k,
                                 "h2d_bytes": h2d_bytes, "scanned_key_bytes": scanned},
                      label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
+
+
+def _rerank_time(c: CostContext, kc: int, Hsel: int, key_tier: str) -> float:
+    """The exact re-rank after an approximate scan (a key sketch, the bf16-dot scan): the kc
+    candidates' key rows read from the key tier, their B*Hq*kc fp32 logits ranked."""
+    return c.gather_time(c.B * Hsel * kc, c.D * c.b, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
 
 
 def _full_path(c: CostContext, label: str) -> LayerCost:
@@ -236,7 +257,8 @@ def hybridgen_layer_cost(m: Any, c: CostContext) -> LayerCost:
     ratio = m.topk_ratio if m.topk_ratio is not None else SchedulerConfig().start_ratio
     # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
     kw = dict(per_head=m.per_head, pipelined=m.pipeline, mapping=m.mapping, pinned=False,
-              key_sketch=None if m.key_sketch == "none" else m.key_sketch, oversample=m.sketch_oversample)
+              key_sketch=None if m.key_sketch == "none" else m.key_sketch, oversample=m.sketch_oversample,
+              scan=m.scan, scan_oversample=m.scan_oversample)
     if m.ship == "logits" and not m.three_way:
         cost = hybridgen_cost(c, m.gpu_budget, ratio, **kw)
     else:

@@ -7,18 +7,23 @@ tokens per (batch, KV head), ranked by :func:`~hybridgen.attention.cpu_scan.grou
 (one V row serves the whole group: Hsel = Hkv); per-head selection picks k per query head
 (Hsel = Hq).
 
-Steps: (1) scan: exact logits of every host key (``backend``), or, with a
+Steps: (1) scan: logits of every host key (``backend``) at ``precision``: 'exact' (fp32
+query, fp32 accumulation) or 'bf16dot' (the selection scan at the memory limit: the query
+rounded to bf16, bf16 x bf16 products summed in fp32,
+:func:`~hybridgen.attention.cpu_scan.scan_logits_stats`), or, with a
 :class:`~hybridgen.attention.key_sketch.KeySketch`, approximate logits from the sketch's
 int8/int4 codes (fewer bytes per key; the keys' last partial block, which the sketch does
-not hold yet, exactly: :func:`sketch_scan`); (2) selection:
+not hold yet, at ``precision``: :func:`sketch_scan`); (2) selection:
 :func:`~hybridgen.attention.cpu_scan.select` (group score + partial top-k + the selected
-logits in one pass per row); (3) with a sketch, the selected rows' logits are recomputed
-exactly from the full-precision keys (:func:`~hybridgen.attention.cpu_scan.exact_logits_at`,
-read in place; fusing it with the V gather measured slower: 37 vs 33 ms at batch 8 x 32K);
-with ``oversample`` > 1 the sketch proposes ceil(oversample * k) candidates and the k with
-the best exact group score are kept (:func:`rerank`: the same score as the selection, the
-group's heads normalised by the sketch's logsumexp; ties to the lower token); (4) gather of
-the V rows (into ``v_out``, e.g. a pinned staging buffer).
+logits in one pass per row); (3) after an approximate scan (a sketch or 'bf16dot'), the
+selected rows' logits are recomputed exactly from the full-precision keys
+(:func:`~hybridgen.attention.cpu_scan.exact_logits_at`, read in place; fusing it with the V
+gather measured slower: 37 vs 33 ms at batch 8 x 32K); with ``oversample`` > 1 the
+approximate scan proposes ceil(oversample * k) candidates and the k with the best exact
+group score are kept (:func:`rerank`: the same score as the selection, the group's heads
+normalised by the scan's logsumexp; ties to the lower token; as
+:func:`hybridgen.attention.cpu_select.select_bf16dot`); (4) gather of the V rows (into
+``v_out``, e.g. a pinned staging buffer).
 The scan's [B, Hq, T] logits go to a per-thread scratch buffer reused across calls (no
 fresh 30+ MB allocation, and its page faults, per layer).
 """
@@ -82,7 +87,8 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
                 mask: Optional[Tensor] = None, keep_keys: bool = False, backend: str = "auto",
                 topk_backend: str = "auto", group_score: str = "max",
                 v_out: Optional[Tensor] = None, pool: Optional[CPUAttentionPool] = None,
-                sketch: Optional[KeySketch] = None, sketch_offset: int = 0, oversample: float = 1.0) -> HostSelection:
+                sketch: Optional[KeySketch] = None, sketch_offset: int = 0, oversample: float = 1.0,
+                precision: str = "exact") -> HostSelection:
     """Scan + top-k + gather over one layer's host KV.
 
     q [B, Hq, D] or [B, Hq, 1, D] (CPU); keys/values [B, Hkv, T, D]; k tokens per
@@ -91,8 +97,11 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     pool: whose threads run the kernels' slices (default: the default pool).
     sketch: scan this (already synced) key sketch for the selection instead of ``keys``;
     ``keys`` are token ``sketch_offset`` onwards of the sketch's segment. The returned logits
-    are then recomputed exactly from ``keys`` (``exact`` True); oversample (>= 1): the sketch
-    proposes ceil(oversample * k) candidates, re-ranked by their exact logits.
+    are then recomputed exactly from ``keys`` (``exact`` True); oversample (>= 1): an
+    approximate scan (a sketch, or precision 'bf16dot') proposes ceil(oversample * k)
+    candidates, re-ranked by their exact logits. precision: the scan of the keys, 'exact' or
+    'bf16dot' (:func:`~hybridgen.attention.cpu_scan.scan_logits_stats`; with a sketch, of the
+    tail it does not hold).
     """
     if q.dim() == 4:
         q = q[:, :, 0]
@@ -102,20 +111,23 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     buf = scratch_logits(B * Hq * T)
     t0 = time.perf_counter()
     if sketch is not None:
-        logits, stats = sketch_scan(q, keys, scale, sketch, sketch_offset, buf, backend, pool)
+        logits, stats = sketch_scan(q, keys, scale, sketch, sketch_offset, buf, backend, pool, precision)
         if mask is not None:
             G = Hq // Hkv
             logits.view(B, Hkv, G, T).masked_fill_(~mask.expand(B, Hkv, T)[:, :, None, :], NEG_INF)
             stats = None  # the block statistics saw the masked tokens
         exact = True
     else:
-        logits, exact, stats = scan_logits_stats(q, keys, scale, mask, backend, out=buf, pool=pool)
+        logits, exact, stats = scan_logits_stats(q, keys, scale, mask, backend, out=buf, pool=pool,
+                                                 precision=precision)
+    approximate = sketch is not None or precision == "bf16dot"  # re-ranked by exact logits below
+    exact = exact or approximate
     t1 = time.perf_counter()
-    kc = min(T, math.ceil(oversample * k - 1e-9)) if sketch is not None else k
+    kc = min(T, math.ceil(oversample * k - 1e-9)) if approximate else k
     idx, sel_logits = select(logits, Hkv, kc, per_head, group_score, topk_backend, pool=pool,
                              stats=stats)  # [B, Hsel, kc]
     t2 = time.perf_counter()
-    if sketch is not None:
+    if approximate and k > 0:
         sketch_logits = sel_logits
         sel_logits = masked_heads(exact_logits_at(q, keys, idx, scale, pool=pool), gather_mask(mask, idx))
         if kc > k:
@@ -129,11 +141,19 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
                          recompute_s=t3 - t2)
 
 
+def scan_precision(scan: str, dtype: torch.dtype) -> str:
+    """The precision HybridGen's ``scan`` choice scans keys of ``dtype`` at: 'bf16dot' only for
+    bf16 keys; keys of any other dtype are scanned 'exact' (the bf16-dot products need bf16
+    keys: fp32 keys would need a converted copy, one more pass over them that saves nothing
+    (the fp32 scan reads the same bytes), and fp16 keys are scanned by torch)."""
+    return "bf16dot" if scan == "bf16dot" and dtype == torch.bfloat16 else "exact"
+
+
 def sketch_scan(q: Tensor, keys: Tensor, scale: float, sketch: KeySketch, offset: int, buf: Tensor, backend: str,
-                pool: Optional[CPUAttentionPool]) -> Tuple[Tensor, Optional[Tensor]]:
+                pool: Optional[CPUAttentionPool], precision: str = "exact") -> Tuple[Tensor, Optional[Tensor]]:
     """Selection logits of ``keys`` [B, Hkv, T, D] (tokens ``offset`` onwards of the sketch's
     segment) into ``buf`` (B*Hq*T floats): the sketch's tokens from its codes, the tail it does
-    not hold yet (the last, partial block) from the keys, exactly. Returns (logits [B, Hq, T],
+    not hold yet (the last, partial block) from the keys at ``precision``. Returns (logits [B, Hq, T],
     block statistics [B*Hkv, blocks, G, 2] of both parts, or None)."""
     B, Hq = q.shape[0], q.shape[1]
     T = keys.shape[2]
@@ -143,7 +163,8 @@ def sketch_scan(q: Tensor, keys: Tensor, scale: float, sketch: KeySketch, offset
     if ts:
         _, stats = sketch.scan_stats(q, scale, offset, offset + ts, out=buf, pool=pool, row=T)
     if ts < T:
-        tail, _, tail_stats = scan_logits_stats(q, keys[:, :, ts:], scale, None, backend, pool=pool)
+        tail, _, tail_stats = scan_logits_stats(q, keys[:, :, ts:], scale, None, backend, pool=pool,
+                                                precision=precision)
         logits[:, :, ts:] = tail
         stats = None if (ts and stats is None) or tail_stats is None else (
             tail_stats if stats is None else torch.cat([stats, tail_stats], dim=1))

@@ -8,11 +8,11 @@ the top-k and ships logits + V rows (``ship='logits'``) or its own [out, lse]
 (``ship='partial'``, :mod:`hybridgen.hybrid.ship`); the GPU attends its window with a fused
 partial that returns the LSE and joins the shipped part by the exact LSE merge, in ONE
 softmax (:mod:`hybridgen.hybrid.gpu_share`); a layer with nothing on the host runs ``full``'s
-own attention. The CPU branch
-(:mod:`hybridgen.hybrid.host_branch`) runs a layer ahead with a stand-in query
-(:mod:`hybridgen.hybrid.speculation`), the feedback scheduler (:mod:`hybridgen.hybrid.scheduler`) moves
-the top-k ratio from measured branch times (:mod:`hybridgen.hybrid.timing`), and
-``three_way`` also streams the oldest host slice over PCIe (:mod:`hybridgen.hybrid.stream_slice`).
+own attention. The CPU branch (:mod:`hybridgen.hybrid.host_branch`) runs a layer ahead with a
+stand-in query (:mod:`hybridgen.hybrid.speculation`), the feedback scheduler
+(:mod:`hybridgen.hybrid.scheduler`) moves the top-k ratio from measured branch times
+(:mod:`hybridgen.hybrid.timing`), and ``three_way`` also streams the oldest host slice over
+PCIe (:mod:`hybridgen.hybrid.stream_slice`).
 Each option is read once, at bind time, into the step's parts (:mod:`hybridgen.hybrid.parts`);
 what the method allocates per tier is stated once in :mod:`hybridgen.hybrid.memory`.
 
@@ -51,7 +51,6 @@ from hybridgen.methods import Budget, Fraction, KVMethod, MethodContext, NonNegI
 from hybridgen.methods.footprint import Footprint, KVShape
 
 
-
 @dataclass
 class HybridGen(KVMethod):
     """HybridGen: CPU top-k logits + V rows and GPU window attention under one softmax.
@@ -75,14 +74,14 @@ class HybridGen(KVMethod):
         start 0.1), a number pins it.
     ship: what the CPU branch sends over PCIe: 'logits' (the selected rows' fp32 logits + V
         rows, one softmax on the GPU) or 'partial' (the CPU's softmax over its selected rows:
-        [out, lse] per query head, merged exactly on the GPU); ``hybridgen.perf.fastest_setting(m, 'ship', ...)`` says which
-        the performance model prices faster on a machine.
+        [out, lse] per query head, merged exactly on the GPU); hybridgen.perf.fastest_setting prices both.
     scan_backend / topk_backend: CPU kernels (see hybridgen.attention.cpu_scan).
-    key_sketch: scan an int8/int4 sketch of the host keys for the selection and recompute the
-        selected logits exactly (hybridgen.attention.key_sketch); 'none' scans the keys.
-    sketch_oversample: with a sketch, take ceil(sketch_oversample * k) candidates from it and
-        keep the k best by their exact logits (recall of the exact top-k on SmolLM2's keys,
-        int4: 0.95 at 1.0, 0.995 at 1.25; results/hybridgen_fidelity/README.md).
+    scan / scan_oversample: the selection scan of bf16 host keys: 'bf16dot' (bf16 x bf16 products, fp32
+        sums; ceil(scan_oversample * k) candidates re-ranked by exact fp32 logits) or 'exact'; keys of
+        other dtypes are scanned exactly (hybrid.host_branch.scan_precision).
+    key_sketch / sketch_oversample: scan an int8/int4 sketch of the host keys (its tail as ``scan``
+        says), take ceil(sketch_oversample * k) candidates and keep the k best by exact logits
+        (hybridgen.attention.key_sketch; recall on SmolLM2's keys: results/hybridgen_fidelity).
     sched_interval, sched_per_layer, adapt_window, adapt_split, split_step: scheduler knobs.
     """
 
@@ -102,6 +101,8 @@ class HybridGen(KVMethod):
     ship: Literal["logits", "partial"] = "logits"
     scan_backend: Literal["auto", "torch", "numba", "native"] = "auto"
     topk_backend: Literal["auto", "native", "torch", "numba"] = "auto"
+    scan: Literal["bf16dot", "exact"] = "bf16dot"
+    scan_oversample: Annotated[float, Range(1.0, 16.0)] = 1.25
     key_sketch: Literal["none", "int8", "int4"] = "none"
     sketch_oversample: Annotated[float, Range(1.0, 16.0)] = 1.25
     sched_interval: PositiveInt = 4
@@ -245,11 +246,12 @@ class HybridGen(KVMethod):
         B, Hq, D = q_host.shape[0], q_host.shape[1], q_host.shape[-1]
         Hsel = Hq if self.per_head else self.ctx.num_kv_heads
         views = self.packer.views((layer, "ship"), B, Hq, Hsel, min(k, hi - lo), D, host.v.dtype)
-        sel = host_branch(q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k, self.per_head,
-                          mask=mask, keep_keys=keep_keys, backend=self.scan_backend,
-                          topk_backend=self.topk_backend, group_score=self.group_score, v_out=views.get("v"),
-                          pool=self.pool, sketch=self.parts.scan.sketch(layer, host), sketch_offset=lo,
-                          oversample=self.sketch_oversample)
+        sketch = self.parts.scan.sketch(layer, host)
+        sel = host_branch(q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k, self.per_head, mask=mask,
+                          keep_keys=keep_keys, backend=self.scan_backend, topk_backend=self.topk_backend,
+                          group_score=self.group_score, v_out=views.get("v"),
+                          pool=self.pool, sketch=sketch, sketch_offset=lo, precision=self.parts.scan.precision,
+                          oversample=self.sketch_oversample if sketch is not None else self.scan_oversample)
         sel.offset = lo
         shipped, ev = self._finish(layer, sel, q_host, views) if true_query else (None, None)
         return sel, time.perf_counter() - t0, shipped, ev, views
@@ -341,8 +343,7 @@ class HybridGen(KVMethod):
     def ship_bytes_per_step(self) -> float:
         """Mean bytes the CPU branch shipped over PCIe per decode step (all layers; streamed
         slices and KV moves excluded): logits + V rows, or [out, lse] (``ship``)."""
-        steps = self.stats["decode_steps"]
-        return self.stats["ship_bytes"] / steps if steps else 0.0
+        return self.stats["ship_bytes"] / max(1, self.stats["decode_steps"])
 
     # ------------------------------------------------------------------ step end, scheduler
     def end_step(self) -> None:

@@ -7,7 +7,9 @@ its step calls the parts without testing a flag:
   :class:`ThreeWaySplit` (the oldest share is streamed to the GPU a layer ahead,
   :mod:`hybridgen.hybrid.stream_slice`, and attended there as one more softmax part);
 - the scan (``key_sketch``): :class:`KeyScan` (the host keys) or :class:`SketchScan` (an
-  int8/int4 sketch per host segment, :class:`~hybridgen.attention.key_sketch.KeySketch`);
+  int8/int4 sketch per host segment, :class:`~hybridgen.attention.key_sketch.KeySketch`),
+  either reading the keys at the precision of ``scan`` for the KV dtype
+  (:func:`~hybridgen.hybrid.host_branch.scan_precision`: 'bf16dot' for bf16 keys by default);
 - the logits a speculative scan ships (``speculative_logits``): :class:`TrueQueryLogits` (the
   true query goes down at the layer and the selected rows' logits are recomputed from it)
   or :class:`StandInLogits` (the stand-in query's logits are used as they are);
@@ -28,6 +30,7 @@ from torch import Tensor
 from hybridgen.attention import attention_logits
 from hybridgen.attention.key_sketch import KeySketch
 from hybridgen.attention.partial import _mask_logits
+from hybridgen.hybrid.host_branch import scan_precision
 from hybridgen.hybrid.memory import gpu_share_tokens, host_capacity, max_stream_fraction, stream_capacity
 from hybridgen.hybrid.scheduler import SchedulerConfig
 from hybridgen.hybrid.ship import ShipPacker, ship_packer
@@ -108,11 +111,14 @@ class ThreeWaySplit(PlainSplit):
 
 # ---------------------------------------------------------------------- scan
 class KeyScan:
-    """The CPU scans the host keys themselves. exact: the scan's logits are exact (a kernel
-    computing in the KV dtype is not: the selected rows' logits are then recomputed)."""
+    """The CPU scans the host keys themselves at ``precision`` ('exact' or 'bf16dot': the
+    bf16-dot scan's ceil(oversample * k) candidates re-ranked by exact logits). exact: the
+    selection's logits are exact (those of a kernel computing in the KV dtype are not: the
+    selected rows' logits are then recomputed); a bf16-dot scan's are, after the re-rank."""
 
-    def __init__(self, exact: bool):
-        self.exact = exact
+    def __init__(self, exact: bool, precision: str = "exact"):
+        self.precision = precision
+        self.exact = exact or precision == "bf16dot"
 
     def on_prefill(self, layer: int, host: KVSegment) -> None:
         """Called when ``layer``'s host segment is allocated."""
@@ -129,8 +135,8 @@ class SketchScan(KeyScan):
     """The CPU scans an int8/int4 sketch of the host keys (one per host segment, on its key
     tier) and re-ranks its candidates by exact logits."""
 
-    def __init__(self, kind: str, num_layers: int):
-        super().__init__(exact=True)
+    def __init__(self, kind: str, num_layers: int, precision: str = "exact"):
+        super().__init__(exact=True, precision=precision)
         self.kind = kind
         self.sketches: List[Optional[KeySketch]] = [None] * num_layers
 
@@ -243,8 +249,9 @@ def compose(method: Any, scan_exact: bool) -> StepParts:
     """The parts of ``method``'s step, from its options (read here, once, at bind time).
     scan_exact: the scan kernel computes exact logits in the KV dtype."""
     split = ThreeWaySplit(method) if method.three_way else PlainSplit(method)
-    scan = (SketchScan(method.key_sketch, method.ctx.num_layers) if method.key_sketch != "none"
-            else KeyScan(scan_exact))
+    precision = scan_precision(method.scan, method.ctx.dtype)
+    scan = (SketchScan(method.key_sketch, method.ctx.num_layers, precision) if method.key_sketch != "none"
+            else KeyScan(scan_exact, precision))
     logits = StandInLogits() if method.speculative_logits else TrueQueryLogits(method)
     lookahead = Lookahead(method) if method.pipeline else NoLookahead()
     return StepParts(split, scan, logits, lookahead, ship_packer(method.stager, method.ship))
