@@ -103,3 +103,20 @@ def test_jobs_the_preflight_did_not_compose_are_launched_unchanged(monkeypatch):
     preflight.PLAN.points = [preflight.Point(["method=full"], None)]
     assert launch_only_unfinished(jobs) == jobs                # the sweeper sees other points
     assert preflight.PLAN.skipped == []
+
+
+def test_a_finished_sweep_on_the_local_submitit_launcher_starts_no_process(tmp_path, launched):
+    """Must-show: ``hydra/launcher=local`` (submitit_local) re-run of a finished 2-point sweep."""
+    import subprocess
+
+    from hybridgen_harness import results
+    from tests.test_harness_results import ENV
+
+    args = ["method=full,streamingllm", f"results_dir={tmp_path}", *FAST]
+    assert _main(args)[0] == 0 and len(results.ResultsStore(tmp_path, "adhoc").finished_runs()) == 2
+    p = subprocess.run([sys.executable, "experiments/run.py", "-m", *args, "hydra/launcher=local"], cwd=ROOT,
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("skip (done): ") == 2 and "0 to launch" in p.stderr
+    assert p.stdout.count(" skipped ") == 2
+    assert not list(tmp_path.rglob(".submitit"))      # submitit made no job folder: nothing was launched
