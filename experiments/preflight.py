@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, NamedTuple, Optional, Sequence
 
@@ -39,11 +39,22 @@ class Point(NamedTuple):
     cfg: DictConfig
 
 
+class Skipped(NamedTuple):
+    """A finished point dropped before launch (experiments/skip_finished.py): its place in the
+    sweep, the point, and its 'skipped' Outcome (experiments.session.Outcome) for the table."""
+
+    position: int
+    point: Point
+    outcome: Any
+
+
 @dataclass
 class Plan:
     """What the preflight of the sweep running in this process found (read by experiments/run.py)."""
 
     points: Optional[List[Point]] = None   # None: another sweeper; each job is checked when it starts
+    # (after the union sweeper's launch: only the launched points, in job-number order)
+    skipped: List[Skipped] = field(default_factory=list)   # finished points the sweeper did not launch
     sweep_dir: Optional[Path] = None
     existed: Optional[Path] = None        # the deepest ancestor of sweep_dir that existed before
 
@@ -167,6 +178,7 @@ class Preflight(Callback):
         from hydra.core.global_hydra import GlobalHydra
 
         def check() -> None:
+            _loggers_back_on()
             loader = GlobalHydra.instance().config_loader()
             jobs = sweep_overrides(config, loader)
             PLAN.points = None if jobs is None else resolve(config, loader, jobs)
@@ -189,6 +201,17 @@ class Preflight(Callback):
             PLAN.points, PLAN.sweep_dir, PLAN.existed = [Point(list(config.hydra.overrides.task), cfg)], None, None
 
         _guard(check)
+
+
+def _loggers_back_on() -> None:
+    """Our loggers on again, at the level the command line set: Hydra's ``hydra_logging`` config
+    (``disable_existing_loggers``) has just switched off every logger that existed, so a second
+    sweep in one process would lose the lines logged before its first job (this callback's, the
+    sweeper's ``skip (done)``)."""
+    from hybridgen import log
+
+    if log.verbosity_was_set():
+        log.set_verbosity(log.get_verbosity())
 
 
 def _guard(check) -> None:

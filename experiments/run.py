@@ -13,8 +13,9 @@ Before the first job, every point is composed and validated (experiments/preflig
 callback): a misspelt key, an unknown method or parameter, a bad value -> one line on stderr,
 exit status 2. ``-q`` hides progress messages and bars (``-qq``: errors only), ``-v`` (or Hydra's
 ``hydra.verbose=true``) adds debug messages; ``HYBRIDGEN_LOG_LEVEL`` sets the default (hybridgen/log.py).
-``--methods`` lists every registered method with its parameters. Finished runs are skipped (``force=true`` replaces them), so re-running an
-interrupted sweep completes only what is missing. Results: outputs/<exp>/<run-name>/ by default
+``--methods`` lists every registered method with its parameters. Finished points are not even launched
+(one ``skip (done): <run dir>`` line each, experiments/skip_finished.py; ``force=true`` replaces them), so
+re-running an interrupted sweep launches only what is missing. Results: outputs/<exp>/<run-name>/ by default
 (results_dir=...; see hybridgen_harness/results.py); ``python experiments/aggregate.py <exp>`` collects
 them into one table. An unwritable results_dir is refused before anything runs. A point that
 fails at run time (a capacity, a damaged model, NaN logits) prints one line and the others still
@@ -168,13 +169,13 @@ def _report() -> int:
     from experiments.session import Outcome
     from hybridgen_harness.results import ResultsStore, load_run
 
-    points = preflight.PLAN.points
+    points, skipped = preflight.PLAN.points, preflight.PLAN.skipped
     outcomes = [o for _, o in sorted(_OUTCOMES.items())]
-    if points and _STATE["user_error"] and (len(points) == 1 or _STATE["stop"]):
+    if points and _STATE["user_error"] and (len(points) + len(skipped) == 1 or _STATE["stop"]):
         return 2  # one point (or fail_fast) stopped by a user error: its one line says it all
-    if points:
+    if points is not None:
         outcomes = []
-        for i, pt in enumerate(points):
+        for i, pt in enumerate(points):  # the launched points, by job number
             if i in _OUTCOMES:
                 outcomes.append(_OUTCOMES[i])
                 continue
@@ -186,9 +187,11 @@ def _report() -> int:
                 outcomes.append(Outcome(name, "done", runner._safe_row(pt.cfg, load_run(store.run_dir(name)))))
             else:
                 outcomes.append(Outcome(name, "missing", {"method": pt.cfg.method.name}))
+        for s in skipped:  # the finished points the sweeper did not launch, back in their place
+            outcomes.insert(s.position, s.outcome)
     if not outcomes:
         return 0
-    first = points[0].cfg if points else None
+    first = (points or [s.point for s in skipped])[0].cfg if points is not None else None
     print()
     runner.print_table(outcomes)
     if first is not None:

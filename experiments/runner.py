@@ -240,6 +240,17 @@ def _skipped(cfg: DictConfig, session: Session, store: ResultsStore, name: str, 
     return Outcome(name, "skipped", _safe_row(cfg, m), note=note)
 
 
+def finished_outcome(cfg: DictConfig, session: Session) -> Optional[Outcome]:
+    """The 'skipped' Outcome of a finished point, its ``skip (done): <run dir>`` line logged; None
+    when the point must run (not finished, or force=true). The one skip decision: a job makes it
+    (:func:`run_point`), and so does the sweeper before launching (experiments/skip_finished.py)."""
+    store = ResultsStore(cfg.results_dir, cfg.exp.name)
+    name = name_of(cfg)
+    if cfg.force or not store.is_done(name):
+        return None
+    return _skipped(cfg, session, store, name)
+
+
 def run_point(cfg: DictConfig, session: Session, overrides: List[str] = ()) -> Outcome:
     """Run one point unless it is finished (force=true replaces it).
 
@@ -252,10 +263,11 @@ def run_point(cfg: DictConfig, session: Session, overrides: List[str] = ()) -> O
     """
     from hybridgen.eval.provenance import code_version
 
+    finished = finished_outcome(cfg, session)
+    if finished is not None:
+        return finished
     store = ResultsStore(cfg.results_dir, cfg.exp.name)
     name = name_of(cfg)
-    if store.is_done(name) and not cfg.force:
-        return _skipped(cfg, session, store, name)
     started = time.time()
     try:
         with store.locked(name, log=session.log):

@@ -1,4 +1,6 @@
 """``hydra/sweeper=union``: Hydra's BasicSweeper run over several products, their union the sweep.
+The default sweeper of conf/config.yaml (with no ``parts`` it is the basic product); it drops the
+finished points before launch (experiments/skip_finished.py).
 
 An experiment whose points are not one product (``+exp=paper_speedup``: projected profiles x cases
 x methods, plus methods on this machine) lists the products as ``hydra.sweeper.parts``; each part's
@@ -28,8 +30,9 @@ ConfigStore.instance().store(group="hydra/sweeper", name="union", node=UnionSwee
 
 
 class UnionSweeper(BasicSweeper):
-    """BasicSweeper whose jobs are the union of one product per entry of ``parts``. Launching,
-    batching (``max_batch_size``) and job numbering are BasicSweeper's."""
+    """BasicSweeper whose jobs are the union of one product per entry of ``parts`` (no parts: the
+    basic product), less the finished points (experiments/skip_finished.py). Launching, batching
+    (``max_batch_size``) and job numbering are BasicSweeper's."""
 
     def __init__(self, max_batch_size: Optional[int], params: Optional[Dict[str, str]] = None,
                  parts: Optional[List[Dict[str, Any]]] = None):
@@ -40,9 +43,12 @@ class UnionSweeper(BasicSweeper):
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         from experiments.preflight import union_of_products
+        from experiments.skip_finished import launch_only_unfinished
 
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         n = len(self._parse_config())  # sweep() parsed params, then the command line
         parts = [parser.parse_overrides([f"{k}={v}" for k, v in p.items()]) for p in self.parts]
-        jobs = union_of_products(overrides[:n], parts, overrides[n:])
+        jobs = launch_only_unfinished(union_of_products(overrides[:n], parts, overrides[n:]))
+        if not jobs:  # every point finished: no batch, sweep() launches nothing
+            return []
         return [list(c) for c in BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size)]
