@@ -209,11 +209,15 @@ def param_values(method: str, name: str, tp: Any) -> st.SearchStrategy[Value]:
         hi = rng.hi if rng is not None and rng.hi is not None else 10.0
         valid = st.floats(lo, hi, exclude_min=bool(rng and rng.lo_open), exclude_max=bool(rng and rng.hi_open)) \
             .map(lambda x: Value(key, repr(x), "any", "valid", method))
-        bad = NON_FINITE + [("abc", "wrong-type"), ("{a:1}", "mapping"), ("[1]", "list")]
+        inf_ok = bool(rng and rng.inf_ok)  # +inf means something there (InfiniGen's alpha: always the cap)
+        bad = [e for e in NON_FINITE if not (inf_ok and e[0] == "inf")]
+        bad += [("abc", "wrong-type"), ("{a:1}", "mapping"), ("[1]", "list")]
         if rng is not None and rng.lo is not None:
             bad.append((repr(rng.lo - 1.0), "negative"))
         if rng is not None and rng.hi is not None:
             bad.append((repr(rng.hi + 1.0), "huge"))
+        if inf_ok:
+            valid = st.one_of(valid, mk("valid", [("inf", "inf")]))
         return st.one_of(valid, mk("invalid", bad))
     if getattr(base, "__name__", "") == "Budget":
         return st.one_of(mk("any", [("0.2", "valid"), ("'20%'", "valid"), ("64t", "valid"), ("{ratio:0.5}", "valid"),
