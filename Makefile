@@ -39,10 +39,10 @@ run: venv
 
 # the suite runs on every core (pytest-xdist): ~4.5 min on the 2-core CI machine
 test: venv
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist loadgroup
 
 test-all: venv
-	$(PY) -m pytest -q -n auto -m "slow or not slow"
+	$(PY) -m pytest -q -n auto --dist loadgroup -m "slow or not slow"
 
 # >= 5,000 generated configurations through the preflight (tests/_fuzz_space.py; ~15 min on 2 cores):
 # counts of tracebacks, silent acceptances and files written on refusal, all must be 0

@@ -17,6 +17,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import _fuzz_space as fz  # noqa: E402
 import fuzz_configs  # noqa: E402
 
+# runs in one worker with the other tests that touch the prepared model cache (Makefile: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("model_cache")
+
 EXAMPLES, SEED = 100, 25
 
 
