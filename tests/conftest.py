@@ -16,32 +16,52 @@ def prepared_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRIDGEN_CACHE", str(tmp_path))
 
 
-@pytest.fixture(autouse=True)
-def _logging_left_as_found():
-    """Every test leaves our loggers (and the ones we drive) as it found them: a command line run
-    in-process with -q sets them to error and would hide the next test's bars and info lines."""
-    import logging
-    import os
-
+def _our_logger_names():
     from hybridgen import log
 
-    names = (*log.NAMES, *log.THIRD_PARTY)
-    saved = {n: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
-             for n, lg in ((n, logging.getLogger(n)) for n in names)}
-    ours = lambda n: any(n == r or n.startswith(r + ".") for r in names)  # noqa: E731
-    # Hydra's dictConfig (run.py in-process) disables every logger that exists, children included
-    was_disabled = {n for n, lg in logging.root.manager.loggerDict.items()
-                    if isinstance(lg, logging.Logger) and ours(n) and lg.disabled}
-    tqdm_env = os.environ.get("TQDM_DISABLE")
-    yield
-    for n, (level, handlers, prop, disabled) in saved.items():
+    return (*log.NAMES, *log.THIRD_PARTY)
+
+
+def _is_ours(name, roots):
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _logging_at_start():
+    """Our loggers (and the ones we drive) as the session found them, before any fixture ran."""
+    import logging
+
+    return {n: (lg.level, list(lg.handlers), lg.propagate)
+            for n, lg in ((n, logging.getLogger(n)) for n in _our_logger_names())}
+
+
+def _restore_logging(start):
+    """Back to the session's start: levels, handlers, propagation; every logger of ours enabled
+    (Hydra's dictConfig, run in-process, disables every logger that exists, children included)."""
+    import logging
+
+    roots = tuple(start)
+    for n, (level, handlers, prop) in start.items():
         lg = logging.getLogger(n)
         lg.setLevel(level)
         lg.handlers[:] = handlers
-        lg.propagate, lg.disabled = prop, disabled
+        lg.propagate = prop
     for n, lg in list(logging.root.manager.loggerDict.items()):
-        if isinstance(lg, logging.Logger) and ours(n) and n not in saved:
-            lg.disabled = n in was_disabled
+        if isinstance(lg, logging.Logger) and _is_ours(n, roots):
+            lg.disabled = False
+
+
+@pytest.fixture(autouse=True)
+def _logging_left_as_found(_logging_at_start):
+    """Every test starts and ends with our loggers as the session found them: a command line run
+    in-process with -q (in a test or in a module-scoped fixture, which runs before this one) sets
+    them to error and would hide the next test's bars and info lines."""
+    import os
+
+    tqdm_env = os.environ.get("TQDM_DISABLE")
+    _restore_logging(_logging_at_start)
+    yield
+    _restore_logging(_logging_at_start)
     if tqdm_env is None:
         os.environ.pop("TQDM_DISABLE", None)
     else:

@@ -1,14 +1,22 @@
 """``make fuzz``: the fuzzed configuration space at size (tests/_fuzz_space.py).
 
-    python tests/fuzz_configs.py [--examples 5000] [--seed 25] [--show 20]
+    python tests/fuzz_configs.py [--examples 5000] [--seed 25] [--show 20] [--json FILE]
 
 Prints the counts (examples, refused, accepted, tracebacks, silent acceptances, files written on
 refusal, unclear messages) and the first failing examples; exit status 1 when any is non-zero.
+
+The draws depend on more than the seed: hypothesis also draws constants found in the source of
+every local module imported so far. So the fixed-seed run the test suite checks (``--fixed``)
+always runs in a fresh process of this script, never inside a test worker whose imports depend on
+the tests that ran before it; ``--doc`` is that same run, written into docs/bad_inputs.md.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +48,27 @@ def run(examples: int, seed: int, tmp: Path) -> List["object"]:
 
     one()
     return outcomes
+
+
+def save_outcomes(outcomes, path: Path) -> None:
+    path.write_text(json.dumps([dataclasses.asdict(o) for o in outcomes]))
+
+
+def load_outcomes(path: Path) -> List["object"]:
+    import _fuzz_space as fz
+
+    return [fz.Outcome(**{**o, "values": [fz.Value(**v) for v in o["values"]]})
+            for o in json.loads(Path(path).read_text())]
+
+
+def fixed_run(out: Path) -> List["object"]:
+    """The suite's fixed-seed run (EXAMPLES, SEED of tests/test_fuzz_configs.py) in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--fixed", "--json", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
+    if not Path(out).exists():
+        raise RuntimeError(f"the fixed fuzz run wrote nothing (exit {res.returncode}):\n{res.stderr[-3000:]}")
+    return load_outcomes(out)
 
 
 def failures(outcomes) -> List[str]:
@@ -89,9 +118,11 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=25)
     ap.add_argument("--show", type=int, default=20, help="failing examples to print")
+    ap.add_argument("--fixed", action="store_true", help="the fixed-seed run of the test suite")
     ap.add_argument("--doc", action="store_true", help="the fixed-seed run of the test suite -> docs/bad_inputs.md")
+    ap.add_argument("--json", type=Path, help="write the outcomes here")
     args = ap.parse_args(argv)
-    if args.doc:
+    if args.doc or args.fixed:
         from test_fuzz_configs import EXAMPLES, SEED
 
         args.examples, args.seed = EXAMPLES, SEED
@@ -101,6 +132,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         outcomes = run(args.examples, args.seed, Path(d))
     counts = fz.tally(outcomes)
+    if args.json:
+        save_outcomes(outcomes, args.json)
     if args.doc:
         write_doc(doc_section(counts, args.examples, args.seed))
     for line in failures(outcomes)[:args.show]:

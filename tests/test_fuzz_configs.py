@@ -17,15 +17,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 import _fuzz_space as fz  # noqa: E402
 import fuzz_configs  # noqa: E402
 
-# runs in one worker with the other tests that touch the prepared model cache (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("model_cache")
-
 EXAMPLES, SEED = 100, 25
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    return fuzz_configs.run(EXAMPLES, SEED, tmp_path_factory.mktemp("fuzz"))
+    """The fixed-seed run, in a fresh process (the draws depend on what the process imported)."""
+    return fuzz_configs.fixed_run(tmp_path_factory.mktemp("fuzz") / "outcomes.json")
 
 
 def test_no_traceback_no_silent_acceptance_no_file_written(outcomes):

@@ -20,9 +20,6 @@ from hybridgen.errors import HybridGenError, MissingDataError  # noqa: E402
 from hybridgen.model import cache_integrity, smollm2  # noqa: E402
 from hybridgen.model.loading import check_checkpoint  # noqa: E402
 
-# runs in one worker with the other tests that touch the prepared model cache (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("model_cache")
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -75,13 +75,16 @@ def corrected_lse(lse: Tensor, approx: Tensor, exact: Tensor) -> Tensor:
     return torch.where(torch.isfinite(out), out, torch.zeros_like(out))
 
 
-def rerank_exact(exact: Tensor, approx: Tensor, cand: Tensor, k: int, how: str, scan_logits: Tensor,
-                 stats: Optional[Tensor], pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
+def rerank_exact(exact: Tensor, approx: Optional[Tensor], cand: Tensor, k: int, how: str,
+                 scan_logits: Optional[Tensor], stats: Optional[Tensor],
+                 pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
     """The k best of kc candidates by their exact logits, ranked by the selection's score.
 
-    exact / approx [B, Hq, kc]: the candidates' exact and scan logits (-inf where masked);
-    cand [B, Hsel, kc] token indices; scan_logits [B, Hq, T] and stats (or None): the scan's,
-    for each head's logsumexp (``how='max'``, corrected by :func:`corrected_lse`).
+    exact [B, Hq, kc]: the candidates' exact logits (-inf where masked); approx [B, Hq, kc]:
+    their scan logits when the scan was approximate (a sketch, bf16 dots), else None; cand
+    [B, Hsel, kc] token indices (Hsel = Hq: each head ranks its own); scan_logits [B, Hq, T]
+    and/or stats [B*Hkv, nblk, G, 2]: the scan's, for each head's logsumexp (``how='max'``,
+    corrected by :func:`corrected_lse` when ``approx`` is given).
     Returns (idx [B, Hsel, k], exact logits at idx [B, Hq, k]); the C kernel (``hg_select``,
     ties to the lower candidate) where it builds, else torch's top-k.
     """
@@ -98,7 +101,7 @@ def rerank_exact(exact: Tensor, approx: Tensor, cand: Tensor, k: int, how: str, 
         if use_lse and st is None:  # no statistics (a masked scan): one (max, sum) block per head, its lse
             lse = head_lse(scan_logits, None, Hsel)
             st, nblk = torch.stack([lse, torch.ones_like(lse)], dim=-1).view(B * Hsel, 1, G, 2), 1
-        ap = approx.contiguous() if use_lse else None
+        ap = approx.contiguous() if use_lse and approx is not None else None
         (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), kc, G,
                                            SELECT_HOW["raw" if G == 1 else how], k, pos.data_ptr(), sel.data_ptr(),
                                            st.data_ptr() if st is not None else None, nblk,
@@ -109,7 +112,9 @@ def rerank_exact(exact: Tensor, approx: Tensor, cand: Tensor, k: int, how: str, 
     elif how == "sum":
         score = group_scores(exact, Hsel, "sum")
     else:
-        lse = corrected_lse(head_lse(scan_logits, stats, Hsel), approx, exact)
+        lse = head_lse(scan_logits, stats, Hsel)
+        if approx is not None:
+            lse = corrected_lse(lse, approx, exact)
         score = (exact.view(B, Hsel, G, kc) - lse.unsqueeze(-1)).amax(dim=2)
     pos = torch.topk(score, k, dim=-1, sorted=False).indices
     return cand.gather(2, pos), exact.gather(2, pos.repeat_interleave(G, dim=1))

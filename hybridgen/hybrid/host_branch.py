@@ -38,12 +38,11 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from hybridgen.attention import native
-from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
-from hybridgen.attention.cpu_scan import (NEG_INF, SELECT_HOW, exact_logits_at, gather_mask, gather_rows,
-                                          group_scores, scan_logits_stats, select)
+from hybridgen.attention.cpu_pool import CPUAttentionPool
+from hybridgen.attention.cpu_scan import (NEG_INF, exact_logits_at, gather_mask, gather_rows,
+                                          scan_logits_stats, select)
 from hybridgen.attention.key_sketch import KeySketch
-from hybridgen.attention.cpu_select import corrected_lse, head_lse
+from hybridgen.attention.cpu_select import rerank_exact
 
 
 @dataclass
@@ -183,47 +182,10 @@ def masked_heads(logits: Tensor, sel_mask: Optional[Tensor]) -> Tensor:
 def rerank(cand_logits: Tensor, cand: Tensor, k: int, how: str, scan_logits: Optional[Tensor] = None,
            stats: Optional[Tensor] = None, approx: Optional[Tensor] = None,
            pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor]:
-    """Keep the k best of kc candidates by their exact logits.
-
-    cand_logits [B, Hq, kc] (exact, -inf where masked); cand [B, Hsel, kc] token indices in
-    ascending order (as :func:`~hybridgen.attention.cpu_scan.select` returns them); how: the
-    group score ('max' over the group's heads of logit - lse, 'sum'); Hsel = Hq: each head
-    ranks its own. For 'max' the lse is each head's logsumexp over the scan (its block
-    statistics ``stats`` [B*Hkv, nblk, G, 2], else the scan's logits ``scan_logits``
-    [B, Hq, T]), corrected by :func:`corrected_lse` when ``approx``, the candidates' scan
-    logits [B, Hq, kc], is given. Returns (idx [B, Hsel, k], logits [B, Hq, k]); ties go to
-    the lower token (the C kernel, which also does the correction; torch's top-k where it is
-    missing).
-    """
-    B, Hq, kc = cand_logits.shape
-    Hsel = cand.shape[1]
-    G = Hq // Hsel
-    use_lse = G > 1 and how == "max"
-    lib = native.lib()
-    if lib is not None and k > 0:
-        lg = cand_logits.contiguous()
-        pos = torch.empty(B, Hsel, k, dtype=torch.int64)
-        sel = torch.empty(B, Hq, k, dtype=torch.float32)
-        st, nblk = (stats, stats.shape[1]) if use_lse and stats is not None else (None, 0)
-        if use_lse and st is None:  # no statistics (a masked scan): one (max, sum) block per head, its lse
-            lse = head_lse(scan_logits, None, Hsel)
-            st, nblk = torch.stack([lse, torch.ones_like(lse)], dim=-1).view(B * Hsel, 1, G, 2), 1
-        ap = approx.contiguous() if use_lse and approx is not None else None
-        (pool or default_pool()).run_split(lib.hg_select, B * Hsel, lg.data_ptr(), kc, G, SELECT_HOW["raw" if G == 1 else how],
-                                           k, pos.data_ptr(), sel.data_ptr(), st.data_ptr() if st is not None else None,
-                                           nblk, ap.data_ptr() if ap is not None else None, work=B * Hq * kc)
-        return cand.gather(2, pos), sel
-    if G == 1:
-        score = cand_logits
-    elif how == "sum":
-        score = group_scores(cand_logits, Hsel, "sum")
-    else:
-        lse = head_lse(scan_logits, stats, Hsel)
-        if approx is not None:
-            lse = corrected_lse(lse, approx, cand_logits)
-        score = (cand_logits.view(B, Hsel, G, kc) - lse.unsqueeze(-1)).amax(dim=2)
-    pos = torch.topk(score, k, dim=-1, sorted=False).indices
-    return cand.gather(2, pos), cand_logits.gather(2, pos.repeat_interleave(G, dim=1))
+    """Keep the k best of kc candidates by their exact logits: :func:`rerank_exact` with the
+    key sketch's argument order (cand_logits [B, Hq, kc] exact, cand [B, Hsel, kc] ascending;
+    approx, the candidates' sketch logits, corrects each head's logsumexp when given)."""
+    return rerank_exact(cand_logits, approx, cand, k, how, scan_logits, stats, pool=pool)
 
 
 def topk_count(ratio: float, host_tokens: int, minimum: int = 1) -> int:
