@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _reliability_models as rm  # noqa: E402
 from hybridgen.errors import HybridGenError, MissingDataError  # noqa: E402
-from hybridgen.model import cache_integrity, smollm2  # noqa: E402
+from hybridgen.model import cache_integrity, gguf_prepare, smollm2  # noqa: E402
 from hybridgen.model.loading import check_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def test_a_read_only_cache_is_one_line(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(smollm2.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(gguf_prepare.tempfile, "mkdtemp", refuse)
     with pytest.raises(MissingDataError, match=r"model cache .*ro/models is not writable \(Permission denied\)"):
         smollm2.ensure_smollm2(verbose=False)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybridgen.errors import MissingDataError
-from hybridgen.model import load_model, smollm2
+from hybridgen.model import gguf_prepare, load_model, smollm2
 
 transformers = pytest.importorskip("transformers")
 
@@ -99,11 +99,11 @@ def test_missing_wheel_names_the_install_command(tmp_path, monkeypatch):
 def test_interrupted_preparation_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRIDGEN_CACHE", str(tmp_path))
 
-    def broken(gguf, out):
+    def broken(gguf, out, provenance):
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(smollm2, "_convert", broken)
+    monkeypatch.setattr(gguf_prepare, "convert_gguf", broken)
     with pytest.raises(KeyboardInterrupt):
         smollm2.ensure_smollm2(verbose=False)
     models = tmp_path / "models"

@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 from hybridgen.errors import ConfigError
-from hybridgen.shapes import as_model_shape
-
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+from hybridgen.shapes import DTYPE_BYTES, as_model_shape
 
 
 @dataclass(frozen=True)

