@@ -68,8 +68,7 @@ from hybridgen.eval.environment import cpu_model  # noqa: E402
 from hybridgen.eval.provenance import code_version  # noqa: E402
 from hybridgen.hybrid import HybridGen  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
-from hybridgen.validation.cli import exit_one_line, parse_checked  # noqa: E402
-from hybridgen.validation.paths import check_output_file  # noqa: E402
+from hybridgen.validation.cli import exit_on_existing_output, parse_checked  # noqa: E402
 
 TARGETS = {"scan_over_read": 0.8, "branch_over_read": 0.6, "sketch_over_bf16_limit": 1.5,
            "default_branch_over_read": 0.8}
@@ -314,11 +313,7 @@ def main(argv=None) -> int:
                     help="sketch candidates per selected token, re-ranked exactly (default: hybridgen's)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = parse_checked(ap, argv)
-    if args.json is not None:  # checked before measuring, never overwritten without --force
-        try:
-            check_output_file("--json", args.json, args.force)
-        except Exception as err:  # a HybridGenError: one line
-            raise exit_one_line(err) from None
+    exit_on_existing_output(args)  # checked before measuring, never overwritten without --force
     if args.quick:
         args.reps = 5
     args.sketches = [s for s in args.sketches.split(",") if s]

@@ -32,8 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.methods import build_method
 from hybridgen.testing import MethodDriver
-from hybridgen.validation.cli import exit_one_line, parse_checked  # noqa: E402
-from hybridgen.validation.paths import check_output_file  # noqa: E402
+from hybridgen.validation.cli import exit_on_existing_output, parse_checked  # noqa: E402
 
 
 class _CountCalls(TorchFunctionMode):
@@ -93,11 +92,7 @@ def main(argv: List[str] = None) -> Dict[str, Any]:
     ap.add_argument("--json", default=None)
     ap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     a = parse_checked(ap, argv)
-    if a.json is not None:  # checked before measuring, never overwritten without --force
-        try:
-            check_output_file("--json", a.json, a.force)
-        except Exception as err:  # a HybridGenError: one line
-            raise exit_one_line(err) from None
+    exit_on_existing_output(a)  # checked before measuring, never overwritten without --force
     shape = (1, 32, 8, 128, a.context)  # Llama-3.1-8B's attention shape, batch 1
     pool = CPUAttentionPool(workers=1)
     configs: List[Tuple[str, Dict[str, Any]]] = [("full", {})]

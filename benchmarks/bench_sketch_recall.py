@@ -34,8 +34,7 @@ from hybridgen.errors import cli_errors  # noqa: E402
 from hybridgen.hybrid.host_branch import host_branch, topk_count  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.methods.full import Full  # noqa: E402
-from hybridgen.validation.cli import exit_one_line, parse_checked  # noqa: E402
-from hybridgen.validation.paths import check_output_file  # noqa: E402
+from hybridgen.validation.cli import exit_on_existing_output, parse_checked  # noqa: E402
 
 
 class CapturingFull(Full):
@@ -89,11 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = parse_checked(ap, argv)
-    if args.json is not None:  # checked before measuring, never overwritten without --force
-        try:
-            check_output_file("--json", args.json, args.force)
-        except Exception as err:  # a HybridGenError: one line
-            raise exit_one_line(err) from None
+    exit_on_existing_output(args)  # checked before measuring, never overwritten without --force
     from hybridgen.data.sources import prompt_ids
     from hybridgen.model import load_model
 

@@ -103,6 +103,7 @@ class HFEngine:
     _need_tokenizer = Engine._need_tokenizer
     _prepare = Engine._prepare
     _method = Engine._method
+    _decode_input = Engine._decode_input
     _checked = Engine._checked
     _sync = Engine._sync
     generate = Engine.generate
@@ -199,16 +200,7 @@ class HFEngine:
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, method: Optional[KVMethod] = None) -> Tensor:
         """Feed one token per sequence (tokens [B] or [B, 1]) through every layer; returns logits [B, V]."""
-        run = self._run
-        if run is None:
-            raise ConfigError("decode_step needs a prefill first (engine.prefill(...))")
-        if method is not None and method is not run.method:
-            raise ConfigError("decode_step got a different method than the one bound at prefill")
-        if run.steps_left <= 0:
-            raise ConfigError("more decode steps than max_new_tokens given at prefill; raise max_new_tokens")
-        ids = tokens.reshape(-1, 1).to(self.device, torch.long)
-        if ids.shape[0] != run.next_pos.shape[0]:
-            raise ConfigError(f"decode_step got {ids.shape[0]} tokens for a batch of {run.next_pos.shape[0]}")
+        run, ids = self._decode_input(tokens, method)
         pos = run.next_pos[:, None]
         self.current_positions = pos
         if run.attention_mask is not None:

@@ -348,9 +348,8 @@ class Engine:
         self._run = _Run(method=method, store=store, next_pos=positions[:, -1] + 1, steps_left=max_new_tokens)
         return self._checked(self._logits(h[:, -1]))
 
-    @torch.no_grad()
-    def decode_step(self, tokens: Tensor, method: Optional[KVMethod] = None) -> Tensor:
-        """Feed one token per sequence (tokens [B] or [B, 1]) through every layer; returns logits [B, V]."""
+    def _decode_input(self, tokens: Tensor, method: Optional[KVMethod]) -> Tuple[Any, Tensor]:
+        """The run a decode step continues and its token ids [B, 1]; one line for a step out of order."""
         run = self._run
         if run is None:
             raise ConfigError("decode_step needs a prefill first (engine.prefill(...))")
@@ -358,10 +357,16 @@ class Engine:
             raise ConfigError("decode_step got a different method than the one bound at prefill")
         if run.steps_left <= 0:
             raise ConfigError("more decode steps than max_new_tokens given at prefill; raise max_new_tokens")
-        method = run.method
         ids = tokens.reshape(-1, 1).to(self.device, torch.long)
         if ids.shape[0] != run.next_pos.shape[0]:
             raise ConfigError(f"decode_step got {ids.shape[0]} tokens for a batch of {run.next_pos.shape[0]}")
+        return run, ids
+
+    @torch.no_grad()
+    def decode_step(self, tokens: Tensor, method: Optional[KVMethod] = None) -> Tensor:
+        """Feed one token per sequence (tokens [B] or [B, 1]) through every layer; returns logits [B, V]."""
+        run, ids = self._decode_input(tokens, method)
+        method = run.method
         pos = run.next_pos[:, None]
         self.current_positions = pos
         h = self._embed(ids, pos)

@@ -57,6 +57,20 @@ def parse_checked(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]
     return ns
 
 
+def exit_on_existing_output(ns: argparse.Namespace, name: str = "json") -> None:
+    """The output file flag ``--<name>`` (when given) checked before anything is measured: usable,
+    and never overwritten without ``--force``; a bad one exits 2 with one line."""
+    from hybridgen.validation.paths import check_output_file
+
+    value = getattr(ns, name, None)
+    if value is None:
+        return
+    try:
+        check_output_file("--" + name.replace("_", "-"), value, getattr(ns, "force", False))
+    except HybridGenError as err:
+        raise exit_one_line(err) from None
+
+
 def check_output_dir(flag: str, value: "os.PathLike | str", force: bool, writes: Sequence[str] = ()) -> Path:
     """The folder ``value`` a script fills with ``writes`` (file names): usable, and none of them
     there unless ``force``. Returns the folder (``~`` expanded); ConfigError with one line."""
