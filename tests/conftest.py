@@ -31,21 +31,25 @@ def _logging_at_start():
     """Our loggers (and the ones we drive) as the session found them, before any fixture ran."""
     import logging
 
-    return {n: (lg.level, list(lg.handlers), lg.propagate)
-            for n, lg in ((n, logging.getLogger(n)) for n in _our_logger_names())}
+    saved = {n: (lg.level, list(lg.handlers), lg.propagate)
+             for n, lg in ((n, logging.getLogger(n)) for n in _our_logger_names())}
+    saved[""] = (logging.root.level, None, None)  # the root's level only: pytest attaches its own handlers there
+    return saved
 
 
 def _restore_logging(start):
-    """Back to the session's start: levels, handlers, propagation; every logger of ours enabled
-    (Hydra's dictConfig, run in-process, disables every logger that exists, children included)."""
+    """Back to the session's start: levels, handlers, propagation, the root logger's level; every
+    logger of ours enabled (Hydra's 'disabled' logging, run in-process, sets the root to error and
+    disables every logger that exists, children included)."""
     import logging
 
-    roots = tuple(start)
+    roots = tuple(n for n in start if n)
     for n, (level, handlers, prop) in start.items():
-        lg = logging.getLogger(n)
+        lg = logging.getLogger(n) if n else logging.root
         lg.setLevel(level)
-        lg.handlers[:] = handlers
-        lg.propagate = prop
+        if n:
+            lg.handlers[:] = handlers
+            lg.propagate = prop
     for n, lg in list(logging.root.manager.loggerDict.items()):
         if isinstance(lg, logging.Logger) and _is_ours(n, roots):
             lg.disabled = False

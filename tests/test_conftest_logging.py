@@ -10,12 +10,12 @@ import pytest
 @pytest.fixture(scope="module")
 def hydra_like_logging_setup():
     logging.getLogger("hybridgen.model.some_child")  # exists before the dictConfig: gets disabled
-    logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
+    # what Hydra's `hydra_logging: disabled` / `job_logging: disabled` apply
+    logging.config.dictConfig({"version": 1, "root": {"level": "ERROR"}, "disable_existing_loggers": True})
     logging.getLogger("hybridgen").setLevel(logging.ERROR)
 
 
 def test_a_child_logger_still_reaches_caplog(hydra_like_logging_setup, caplog):
-    caplog.set_level(logging.WARNING)
     logging.getLogger("hybridgen.model.some_child").warning("still heard")
     assert "still heard" in caplog.text
 
