@@ -43,6 +43,7 @@ default branch >= 0.8 x read (issue 22).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -63,7 +64,8 @@ from hybridgen.attention import native  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.attention.cpu_select import DEFAULT_OVERSAMPLE, select_bf16dot  # noqa: E402
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
-from hybridgen.hybrid.host_branch import host_branch, scan_precision, topk_count  # noqa: E402
+from hybridgen.hybrid.host_branch import (host_branch, pipelined_host_branch, scan_precision,  # noqa: E402
+                                          topk_count)
 from hybridgen.eval.environment import cpu_model  # noqa: E402
 from hybridgen.eval.provenance import code_version  # noqa: E402
 from hybridgen.hybrid import HybridGen  # noqa: E402
@@ -139,13 +141,12 @@ def recall_bf16dot(q: torch.Tensor, keys: torch.Tensor, k: int, oversample: floa
     return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
 
 
-def default_branch(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k: int, **kw):
-    """The CPU branch of ``hybridgen`` at its defaults (:data:`DEFAULT`) over bf16 keys [B, Hkv, T, D]:
-    what ``HybridGen._cpu_task`` runs for a layer scanned with the true query (no key sketch)."""
-    m = DEFAULT
-    return host_branch(q, keys, vals, keys.shape[-1] ** -0.5, k, m.per_head, backend=m.scan_backend,
-                       topk_backend=m.topk_backend, group_score=m.group_score,
-                       precision=scan_precision(m.scan, keys.dtype), oversample=m.scan_oversample, **kw)
+def default_branch(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k: int, m: HybridGen = DEFAULT, **kw):
+    """The CPU branch of ``hybridgen`` at its defaults (:data:`DEFAULT`, or ``m``) over bf16 keys
+    [B, Hkv, T, D]: what ``HybridGen._cpu_task`` runs for a layer scanned with the true query (no key sketch)."""
+    return pipelined_host_branch(q, keys, vals, keys.shape[-1] ** -0.5, k, m.per_head, m.branch_pieces,
+                                 backend=m.scan_backend, topk_backend=m.topk_backend, group_score=m.group_score,
+                                 precision=scan_precision(m.scan, keys.dtype), oversample=m.scan_oversample, **kw)
 
 
 def recall_default(q: torch.Tensor, keys: torch.Tensor, k: int) -> float:
@@ -190,6 +191,10 @@ def run(args, threads: int, data: dict) -> dict:
             q, keys[i], vals, scale, k_sel, False, sketch=sketches[kd][i], pool=pool, v_out=v_out,
             oversample=args.oversample))(kind)
     branch_fns["default branch"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool, v_out=v_out)
+    if DEFAULT.branch_pieces > 1:  # the same branch unpipelined, side by side
+        serial = dataclasses.replace(DEFAULT, branch_pieces=1)
+        branch_fns["default branch serial"] = lambda i: default_branch(q, keys[i], vals, k_sel, serial, pool=pool,
+                                                                       v_out=v_out)
     fns.update(branch_fns)
     load0 = os.getloadavg()
     secs = rounds(fns, args.reps, args.copies)
@@ -232,7 +237,8 @@ def run(args, threads: int, data: dict) -> dict:
         "default_config": {"scan": DEFAULT.scan, "precision": scan_precision(DEFAULT.scan, torch.bfloat16),
                            "scan_oversample": DEFAULT.scan_oversample, "scan_backend": DEFAULT.scan_backend,
                            "topk_backend": DEFAULT.topk_backend, "group_score": DEFAULT.group_score,
-                           "per_head": DEFAULT.per_head, "topk_ratio": args.topk_ratio},
+                           "per_head": DEFAULT.per_head, "branch_pieces": DEFAULT.branch_pieces,
+                           "topk_ratio": args.topk_ratio},
         "rows": rows, "branch_stages_ms": stages,
     })
     res["bf16dot"] = {

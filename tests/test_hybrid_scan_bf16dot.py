@@ -8,7 +8,7 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.errors import ConfigError
 from hybridgen.hybrid import HybridGen
 from hybridgen.hybrid import method as hybrid_method
-from hybridgen.hybrid.host_branch import host_branch, scan_precision
+from hybridgen.hybrid.host_branch import host_branch, pipelined_host_branch, scan_precision
 from hybridgen.methods import Budget, build_method
 from hybridgen.testing import drive
 
@@ -111,9 +111,9 @@ def _host_branch_calls(monkeypatch):
 
     def recording(*args, **kwargs):
         calls.append((kwargs["precision"], kwargs["oversample"]))
-        return host_branch(*args, **kwargs)
+        return pipelined_host_branch(*args, **kwargs)
 
-    monkeypatch.setattr(hybrid_method, "host_branch", recording)
+    monkeypatch.setattr(hybrid_method, "pipelined_host_branch", recording)
     return calls
 
 

@@ -45,7 +45,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Deque, List, Optional, Tuple
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -166,6 +166,36 @@ class CPUAttentionPool:
         for f in futs:
             f.result()
 
+    def run_each(self, tasks: Sequence[Callable[[], Any]]) -> List[Any]:
+        """Run every task (no arguments) on the caller and up to ``split_threads - 1`` pool threads,
+        each thread taking the next unclaimed task until none is left; their results in order.
+
+        A pipeline over independent pieces of work (e.g. the CPU branch per batch row): while one
+        thread is in a memory-bound stage of one piece, another runs a compute-bound stage of the
+        next. The tasks must not use this pool's splits (run their kernels inline). The first
+        exception is raised after every started task has finished.
+        """
+        claims = [threading.Lock() for _ in tasks]  # a task runs once, on whichever thread claims it
+        results: List[Any] = [None] * len(tasks)
+        errors: List[BaseException] = []
+
+        def worker() -> None:
+            for i, task in enumerate(tasks):
+                if errors or not claims[i].acquire(blocking=False):
+                    continue
+                try:
+                    results[i] = task()
+                except BaseException as exc:  # noqa: BLE001 - re-raised on the caller below
+                    errors.append(exc)
+
+        futs = [self._executor.submit(worker) for _ in range(min(self.split_threads, len(tasks)) - 1)]
+        worker()
+        for f in futs:
+            f.result()
+        if errors:
+            raise errors[0]
+        return results
+
     def shutdown(self) -> None:
         """Finish every submitted task, then stop the threads."""
         with self._lock:
@@ -188,3 +218,15 @@ def default_pool() -> CPUAttentionPool:
             raise ConfigError(f"HYBRIDGEN_CPU_WORKERS must be a positive integer, got {text!r}") from None
         _default = CPUAttentionPool(workers=workers)
     return _default
+
+
+_inline: Optional[CPUAttentionPool] = None
+
+
+def inline_pool() -> CPUAttentionPool:
+    """A pool whose splits all run on the calling thread (for work already spread over threads,
+    e.g. the pieces of :meth:`CPUAttentionPool.run_each`)."""
+    global _inline
+    if _inline is None:
+        _inline = CPUAttentionPool(workers=1, split_threads=1)
+    return _inline

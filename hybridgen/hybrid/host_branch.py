@@ -140,6 +140,43 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
                          recompute_s=t3 - t2)
 
 
+def pipelined_host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, per_head: bool,
+                          pieces: int, mask: Optional[Tensor] = None, v_out: Optional[Tensor] = None,
+                          pool: Optional[CPUAttentionPool] = None, **branch) -> HostSelection:
+    """:func:`host_branch` over ``pieces`` slices of the batch, pipelined on the pool's threads.
+
+    Each thread takes the next batch slice and runs every stage on it (scan, selection,
+    exact re-rank, gather) with its kernels inline, so one thread's memory-bound scan overlaps
+    another's compute-bound selection, and a slice's logits are still in cache when its
+    selection reads them. Every row's result is the serial branch's (the stages are per
+    (batch, head) row). Shapes and ``branch`` (backend, precision, oversample, ...) as
+    :func:`host_branch`; a sketch is not split (the serial branch runs). Stage times are summed
+    over the slices (thread-seconds).
+    """
+    B = q.shape[0]
+    pieces = min(int(pieces), B)
+    if pieces <= 1 or branch.get("sketch") is not None or (v_out is not None and not v_out.is_contiguous()):
+        return host_branch(q, keys, values, scale, k, per_head, mask=mask, v_out=v_out, pool=pool, **branch)
+    from hybridgen.attention.cpu_pool import default_pool, inline_pool
+
+    bounds = [B * i // pieces for i in range(pieces + 1)]
+    k = max(0, min(k, keys.shape[2]))
+    row = (q.shape[1] if per_head else keys.shape[1]) * k * values.shape[-1]  # V elements per batch row
+    flat_out = v_out.reshape(-1) if v_out is not None else torch.empty(B * row, dtype=values.dtype)
+
+    def piece(lo: int, hi: int):
+        m = mask[lo:hi] if mask is not None and mask.shape[0] == B else mask
+        return lambda: host_branch(q[lo:hi], keys[lo:hi], values[lo:hi], scale, k, per_head, mask=m,
+                                   v_out=flat_out[lo * row:hi * row], pool=inline_pool(), **branch)
+
+    parts = (pool or default_pool()).run_each([piece(bounds[i], bounds[i + 1]) for i in range(pieces)])
+    cat = lambda name: None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+    return HostSelection(cat("idx"), cat("logits"), flat_out[:B * row].view(B, -1, k, values.shape[-1]),
+                         cat("k_rows"), cat("mask"), parts[0].exact,
+                         *(sum(getattr(p, f) for p in parts) for f in ("scan_s", "topk_s", "gather_s")),
+                         recompute_s=sum(p.recompute_s for p in parts))
+
+
 def scan_precision(scan: str, dtype: torch.dtype) -> str:
     """The precision HybridGen's ``scan`` choice scans keys of ``dtype`` at: 'bf16dot' only for
     bf16 keys; keys of any other dtype are scanned 'exact' (the bf16-dot products need bf16

@@ -34,7 +34,7 @@ from hybridgen.attention import attention_logits
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.attention.cpu_scan import resolve_backend, rows_logits, scan_is_exact
 from hybridgen.hybrid.gpu_share import dense_decode, gpu_share_partial, merge_with_host
-from hybridgen.hybrid.host_branch import HostSelection, host_branch, masked_heads, topk_count
+from hybridgen.hybrid.host_branch import HostSelection, masked_heads, pipelined_host_branch, topk_count
 from hybridgen.hybrid.memory import (gpu_share_tokens, host_capacity, hybridgen_footprint, hybridgen_placement,
                                     window_capacity)
 from hybridgen.hybrid.parts import compose
@@ -79,6 +79,9 @@ class HybridGen(KVMethod):
     scan / scan_oversample: the selection scan of bf16 host keys: 'bf16dot' (bf16 x bf16 products, fp32
         sums; ceil(scan_oversample * k) candidates re-ranked by exact fp32 logits) or 'exact'; keys of
         other dtypes are scanned exactly (hybrid.host_branch.scan_precision).
+    branch_pieces: the CPU branch runs over this many slices of the batch, pipelined on the pool's
+        threads (one thread's scan overlaps another's selection and gather; the same selection
+        as the serial branch, hybrid.host_branch.pipelined_host_branch); 1: serial.
     key_sketch / sketch_oversample: scan an int8/int4 sketch of the host keys (its tail as ``scan``
         says), take ceil(sketch_oversample * k) candidates and keep the k best by exact logits
         (hybridgen.attention.key_sketch; recall on SmolLM2's keys: results/hybridgen_fidelity).
@@ -103,6 +106,7 @@ class HybridGen(KVMethod):
     topk_backend: Literal["auto", "native", "torch", "numba"] = "auto"
     scan: Literal["bf16dot", "exact"] = "bf16dot"
     scan_oversample: Annotated[float, Range(1.0, 16.0)] = 1.25
+    branch_pieces: PositiveInt = 1
     key_sketch: Literal["none", "int8", "int4"] = "none"
     sketch_oversample: Annotated[float, Range(1.0, 16.0)] = 1.25
     sched_interval: PositiveInt = 4
@@ -247,11 +251,12 @@ class HybridGen(KVMethod):
         Hsel = Hq if self.per_head else self.ctx.num_kv_heads
         views = self.packer.views((layer, "ship"), B, Hq, Hsel, min(k, hi - lo), D, host.v.dtype)
         sketch = self.parts.scan.sketch(layer, host)
-        sel = host_branch(q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k, self.per_head, mask=mask,
-                          keep_keys=keep_keys, backend=self.scan_backend, topk_backend=self.topk_backend,
-                          group_score=self.group_score, v_out=views.get("v"),
-                          pool=self.pool, sketch=sketch, sketch_offset=lo, precision=self.parts.scan.precision,
-                          oversample=self.sketch_oversample if sketch is not None else self.scan_oversample)
+        sel = pipelined_host_branch(q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k,
+                                    self.per_head, self.branch_pieces, mask=mask, keep_keys=keep_keys,
+                                    backend=self.scan_backend, topk_backend=self.topk_backend,
+                                    group_score=self.group_score, v_out=views.get("v"), pool=self.pool,
+                                    sketch=sketch, sketch_offset=lo, precision=self.parts.scan.precision,
+                                    oversample=self.sketch_oversample if sketch is not None else self.scan_oversample)
         sel.offset = lo
         shipped, ev = self._finish(layer, sel, q_host, views) if true_query else (None, None)
         return sel, time.perf_counter() - t0, shipped, ev, views
