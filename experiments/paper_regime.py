@@ -89,7 +89,8 @@ def point(m: Dict[str, Any], validation: Optional[Dict[str, Any]]) -> Dict[str, 
 def load_points(root: Path, validation: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     from hybridgen_harness.results import ResultsStore, load_run
 
-    pts = [point(load_run(d), validation) for d in ResultsStore(root, EXP).finished_runs()]
+    pts = ps.add_offload_twins([point(load_run(d), validation) for d in ResultsStore(root, EXP).finished_runs()],
+                               ("placement", "hardware", "case"))
     if not pts:
         raise ConfigError(f"no finished runs under {Path(root) / EXP}; run: python experiments/run.py "
                           f"+exp={EXP} results_dir={root}")
@@ -238,7 +239,7 @@ def verdict_markdown(rows: Sequence[Dict[str, Any]]) -> str:
             for outcome in ("reproduced", "inconclusive", "refuted", "untested"):
                 items = [f"{ps.LABELS.get(v.baseline, v.baseline)} {rg.band_text(v)}"
                          + (f", n={v.cells}, bound {v.bound} / {v.hybridgen_bound}" if v.cells else "")
-                         + (f", {v.refused} cell(s) where a side does not fit" if v.refused else "")
+                         + (f" ({v.refused_why})" if v.refused else "")
                          for v in gv if v.outcome == outcome]
                 if items:
                     parts.append(f"{outcome} against " + "; ".join(items))

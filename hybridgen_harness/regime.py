@@ -70,7 +70,8 @@ class Verdict:
 
     speedup: geometric mean over the cells where both fit (None: no such cell); low / high: its band
     from the model's error (None: a cost not validated); cells: in-regime cells used; refused: in-regime
-    cells where a side does not fit (or cannot run); bound / hybridgen_bound: the resource bounding each
+    cells where a side does not fit (or cannot run), refused_why their statuses counted ('8x does not fit
+    GPU (baseline)'); bound / hybridgen_bound: the resource bounding each
     side most often over the cells used ('-' without cells); outcome: 'reproduced' (the band at or above
     the paper's 1.41x), 'refuted' (the band below 1.41x), 'inconclusive' (the band straddles 1.41x) or
     'untested' (no cell)."""
@@ -83,6 +84,7 @@ class Verdict:
     high: Optional[float]
     cells: int
     refused: int
+    refused_why: str
     bound: str
     hybridgen_bound: str
     outcome: str
@@ -117,13 +119,15 @@ def verdict(rows: Sequence[Mapping[str, Any]], placement: str, gpu: str, baselin
     cells = [r for r in rows if r["placement"] == placement and r["gpu"] == gpu and r["baseline"] == baseline
              and r["regime"] == IN_REGIME]
     used = [r for r in cells if _num(r.get("speedup")) is not None]
+    why = "; ".join(f"{n}x {s}" for s, n in sorted(Counter(str(r.get("status")) for r in cells
+                                                            if _num(r.get("speedup")) is None).items()))
     if not used:
-        return Verdict(placement, gpu, baseline, None, None, None, 0, len(cells), "-", "-", "untested")
+        return Verdict(placement, gpu, baseline, None, None, None, 0, len(cells), why, "-", "-", "untested")
     g = geomean(_num(r["speedup"]) for r in used)
     eb = [_num(r.get("baseline_error_pct")) for r in used]
     eh = [_num(r.get("hybridgen_error_pct")) for r in used]
     lo, hi = error_band(g, None if None in eb else max(map(abs, eb)), None if None in eh else max(map(abs, eh)))
-    return Verdict(placement, gpu, baseline, g, lo, hi, len(used), len(cells) - len(used),
+    return Verdict(placement, gpu, baseline, g, lo, hi, len(used), len(cells) - len(used), why,
                    _most_common([r.get("bound") for r in used]), _most_common([r.get("hybridgen_bound") for r in used]),
                    outcome_of(g, lo, hi))
 

@@ -66,7 +66,7 @@ def test_the_verdict_is_the_geometric_mean_of_the_in_regime_cells_only():
             _row(None), _row(50.0, gpu="h100"), _row(50.0, placement=pr.TEMPLATE), _row(50.0, baseline="h2o")]
     v = rg.verdict(rows, pr.GPU_BUDGET, "a100", "flexgen")
     assert v.speedup == pytest.approx(4.0)  # with the out-of-regime cells it would be ~0.79
-    assert (v.cells, v.refused) == (2, 1)
+    assert (v.cells, v.refused, v.refused_why) == (2, 1, "1x does not fit GPU (baseline)")
     assert v.low == pytest.approx(4.0 * 0.9 / 1.05) and v.high == pytest.approx(4.0 * 1.1 / 0.95)
     assert (v.bound, v.hybridgen_bound, v.outcome) == ("PCIe", "CPU", "reproduced")
 
