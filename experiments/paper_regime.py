@@ -229,7 +229,8 @@ def verdict_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     lines = [f"Verdict from the IN-REGIME cells only (the KV of `full` larger than the GPU's KV budget), PROJECTED "
              f"(`results/paper_regime/`): per GPU (with and without CXL pooled), the geometric mean of HybridGen's "
              f"speedup over each baseline across the in-regime cells where both fit, its band from the model's "
-             f"measured error [low-high], the cell count, and the resource bounding baseline / HybridGen most often. "
+             f"measured error [low-high], the cell count n, and the resource (GPU, CPU or PCIe: the largest branch of the "
+             f"model's step) that bounds the baseline and HybridGen in most of those cells: the why. "
              f"*Reproduced*: the band at or above the paper's {lo:g}x; *refuted*: below it; *inconclusive*: across it.",
              ""]
     for placement in PLACEMENTS:
@@ -238,7 +239,7 @@ def verdict_markdown(rows: Sequence[Dict[str, Any]]) -> str:
             parts = []
             for outcome in ("reproduced", "inconclusive", "refuted", "untested"):
                 items = [f"{ps.LABELS.get(v.baseline, v.baseline)} {rg.band_text(v)}"
-                         + (f", n={v.cells}, bound {v.bound} / {v.hybridgen_bound}" if v.cells else "")
+                         + (f" (n={v.cells}; bound by {v.bound}, HybridGen by {v.hybridgen_bound})" if v.cells else "")
                          + (f" ({v.refused_why})" if v.refused else "")
                          for v in gv if v.outcome == outcome]
                 if items:
