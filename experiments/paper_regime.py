@@ -102,10 +102,13 @@ def _ok(p: Optional[Mapping[str, Any]]) -> bool:
 
 
 def _status(base: Optional[Mapping[str, Any]], hg: Optional[Mapping[str, Any]]) -> str:
-    """'ok', or why a cell has no speedup: which side does not fit the GPU or the host, or has no run."""
+    """'ok', or why a cell has no speedup: which side's placement was refused (it cannot fit the budget),
+    does not fit the GPU or the host memory in the model, or has no run."""
     for who, p in (("baseline", base), ("HybridGen", hg)):
         if p is None:
             return f"no run ({who})"
+        if p.get("status") == "does not fit":  # its placement was refused: the reason column says why
+            return f"placement refused ({who})"
         if p.get("fits") is False:
             return f"does not fit GPU ({who})"
         if p.get("fits_host") is False:
@@ -135,6 +138,7 @@ def cells(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
                             "kv_gb": any_p["kv_bytes"] / 1e9, "gpu_kv_budget_gb": any_p["budget_bytes"] / 1e9,
                             "regime": any_p["regime"], "baseline": row, "row": ps.LABELS.get(row, row),
                             "run_preset": source[0] if source else None, "speedup": sp, "status": status,
+                            "reason": b.get("reason") if status.endswith("(baseline)") else (hg or {}).get("reason"),
                             "baseline_step_ms": 1e3 * b["step_s"] if b.get("step_s") else None,
                             "hybridgen_step_ms": 1e3 * hg["step_s"] if hg and hg.get("step_s") else None,
                             "bound": b.get("bound"), "hybridgen_bound": (hg or {}).get("bound"),

@@ -113,6 +113,10 @@ def test_the_template_placement_takes_every_kv_on_the_host_and_full_cannot_run()
     fair = {c["baseline"]: c for c in pr.cells(pts) if c["placement"] == pr.GPU_BUDGET}
     assert fair["h2o"]["speedup"] == pytest.approx(0.1) and fair["flexgen"]["speedup"] == pytest.approx(3.0)
     assert fair["full"]["status"] == "does not fit GPU (baseline)"
+    refused = pr.cells([_point("hybridgen"), {**_point("infinigen", step=None, fits=False), "status": "does not fit",
+                                              "reason": "partial keys do not fit"}])
+    inf = next(c for c in refused if (c["placement"], c["baseline"]) == (pr.GPU_BUDGET, "infinigen"))
+    assert inf["status"] == "placement refused (baseline)" and inf["reason"] == "partial keys do not fit"
 
 
 def test_a_projection_records_the_host_fit_of_the_prediction(monkeypatch):
