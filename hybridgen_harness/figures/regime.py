@@ -17,7 +17,7 @@ from hybridgen_harness import regime as rg
 from hybridgen_harness.figures import marks
 
 BAND_LABEL = f"paper: {rg.PAPER_BAND[0]:g}x-{rg.PAPER_BAND[1]:g}x"
-MEAN_LABEL = "geo-mean, in-regime cells (bar: model error band)"
+MEAN_LABEL = "geo-mean, in-regime cells (bar: model error band; none: cost not validated)"
 IN_LABEL = "in-regime cell"
 OUT_LABEL = "out-of-regime cell (not in the verdict)"
 NOFIT_LABEL = "does not fit / cannot run (in regime)"
