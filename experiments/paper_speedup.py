@@ -134,19 +134,27 @@ def load_points(root: Path, validation: Optional[Dict[str, Any]] = None) -> List
     from hybridgen_harness.results import ResultsStore, load_run
 
     store = ResultsStore(root, EXP)
-    pts = [point(load_run(d), validation) for d in store.finished_runs()]
-    # a derived placement equal to an offloaded preset's is one run (same identity): show it in both rows
-    have = {(p["case"], p["gpu"], p["preset"]) for p in pts}
-    for p in list(pts):
-        if str(p["preset"]).endswith("-offload"):
-            continue
-        twin = f"{p['preset']}-offload"
-        if json.loads(p["params"]).get("offload") == "stream" and (p["case"], p["gpu"], twin) not in have:
-            pts.append({**p, "preset": twin})
+    pts = add_offload_twins([point(load_run(d), validation) for d in store.finished_runs()], ("case", "gpu"))
     if not pts:
         raise ConfigError(f"no finished runs under {Path(root) / EXP}; run: python experiments/run.py "
                           f"+exp={EXP} results_dir={root}")
     return pts
+
+
+def add_offload_twins(pts: List[Dict[str, Any]], group: Sequence[str]) -> List[Dict[str, Any]]:
+    """``pts`` plus the twin of each streamed run: a preset's derived placement equal to its offloaded
+    preset's ('h2o' placed as offload=stream = 'h2o-offload') is one run (same identity, launched once),
+    shown in both rows; ``group``: the point keys of one table column (e.g. case and gpu)."""
+    have = {(*(p[k] for k in group), p["preset"]) for p in pts}
+    out = list(pts)
+    for p in pts:
+        if json.loads(p["params"]).get("offload") != "stream":
+            continue
+        name = str(p["preset"])
+        twin = name[:-len("-offload")] if name.endswith("-offload") else f"{name}-offload"
+        if (*(p[k] for k in group), twin) not in have:
+            out.append({**p, "preset": twin})
+    return out
 
 
 def speedups(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -163,6 +163,10 @@ DOCUMENTED: Dict[str, Claim] = {
     "+exp=paper_speedup results_dir=results": Claim(
         covered_by="tests/test_paper_speedup.py::test_the_experiment_resolves_to_the_union_of_its_parts"),
     "+exp=paper_speedup --cfg job": Claim(covered_by="tests/test_paper_speedup.py::test_cfg_job_resolves"),
+    # conf/exp/paper_regime.yaml: a union of twelve sweeps (issue 23), resolved with every experiment.
+    "+exp=paper_regime results_dir=results": Claim(
+        covered_by="tests/test_harness_config.py::test_every_experiment_composes_and_validates"),
+    "+exp=paper_regime --cfg job": Claim(covered_by="tests/test_paper_regime.py::test_cfg_job_resolves"),
 }
 
 _COMMAND = re.compile(r"(?:python3?|\$\(PY\)) experiments/run\.py\b")
@@ -331,6 +335,7 @@ EXPERIMENT_DEFAULTS = {
     "scheduler_trace": ("smollm2-135m", "float32", "cpu-emulated", (1, 2048, 64, "pydoc")),
     "speedup_projected": ("opt-13b", "float16", "h100", (20, 1920, 128, "pg-text")),
     "paper_speedup": ("opt-13b", "float16", "h100", (20, 1920, 128, "pg-text")),
+    "paper_regime": ("llama-3.1-8b", "float32", "h200", (8, 130944, 128, "pg-text")),
     "accuracy": ("smollm2-135m", "float32", "cpu-emulated", (1, 1024, 32, "pydoc")),
     "ruler": ("smollm2-135m", "float32", "cpu-emulated", (1, 1024, 32, "pydoc")),
 }

@@ -59,7 +59,7 @@ def test_a_search_path_adds_a_users_config_group_option(tmp_path):
     (tmp_path / "hardware" / "myhw.yaml").write_text("name: myhw\ngpu_capacity: 1MiB\n")
     (pt,) = preflight.resolve_points([f"hydra.searchpath=[file://{tmp_path}]", "hardware=myhw"])
     assert pt.cfg.hardware.name == "myhw" and pt.cfg.hardware.gpu_capacity == "1MiB"
-    with pytest.raises(ConfigError, match="unknown hardware 'myhw'; choose one of: a100, cpu-emulated"):
+    with pytest.raises(ConfigError, match="unknown hardware 'myhw'; choose one of: a100, a100-dram, cpu-emulated"):
         preflight.resolve_points(["hardware=myhw"])
 
 

@@ -9,7 +9,9 @@ cost gives ``{"projected": True, "status": "not modelled", ...}`` instead of rai
 sweep never aborts.
 
 Choice (the model is per step): the context is taken at mid-generation, prompt_len + gen_len // 2.
-Every number carries ``projected: true``; nothing here is a measurement.
+Every number carries ``projected: true``; nothing here is a measurement. ``fits_host`` and
+``host_bytes`` ({"dram": bytes, "cxl": bytes}) are the prediction's host-capacity check where the
+model makes one (True / {} where it does not).
 """
 from __future__ import annotations
 
@@ -59,4 +61,5 @@ def project(method: Union[str, Any], params: Optional[Mapping[str, Any]], spec, 
     return {"projected": True, "status": "ok", "profile": p.profile, "method": p.method, "perf_cost": p.cost,
             "workload": kw, "step_s": p.total_s, "decode_tokens_per_s": p.tokens_per_s(int(batch)),
             "cpu_branch_s": p.cpu_branch_s, "gpu_branch_s": p.gpu_branch_s, "transfer_s": p.transfer_s,
-            "fits_gpu": p.fits_gpu}
+            "fits_gpu": p.fits_gpu, "fits_host": bool(getattr(p, "fits_host", True)),
+            "host_bytes": dict(getattr(p, "host_bytes", None) or {})}

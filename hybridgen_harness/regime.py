@@ -1,0 +1,147 @@
+"""The paper's regime (issue 23): which cells test the claim, and the verdict drawn from them.
+
+A cell of the paper comparison is *in regime* when the KV cache of ``full`` at that point (every
+layer, row and token: :attr:`hybridgen.methods.footprint.KVShape.full_bytes`) is larger than the
+GPU's KV budget (``memory.gpu_kv=auto``: GPU memory x gpu_kv_fraction - weights); otherwise it is
+*out of regime*: the KV fits the GPU and the cell tests nothing the paper claims.
+
+The verdict per GPU and baseline is the geometric mean of HybridGen's speedup (baseline step /
+HybridGen step) over the IN-REGIME cells where both fit, with a band from the performance model's
+measured error on the costs that priced the two sides (results/perfmodel/validation.json): a step
+priced within ±e is off by at most that factor, so the ratio lies in
+``[G (1 - e_b) / (1 + e_h), G (1 + e_b) / (1 - e_h)]`` (e_b, e_h: the largest error of the baseline's and
+HybridGen's cost over those cells; no band where a cost is not validated).
+
+Rows here are the dicts of ``results/paper_regime/table.csv`` (experiments/paper_regime.py): keys
+``placement, gpu, regime, baseline, speedup, baseline_error_pct, hybridgen_error_pct, bound,
+hybridgen_bound, status``.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from hybridgen.errors import ConfigError
+
+IN_REGIME = "in regime"
+OUT_OF_REGIME = "out of regime"
+PAPER_BAND = (1.41, 3.2)
+
+
+def regime_label(full_kv_bytes: float, gpu_kv_budget_bytes: float) -> str:
+    """'in regime' when the KV of ``full`` exceeds the GPU's KV budget, else 'out of regime'."""
+    if gpu_kv_budget_bytes is None or gpu_kv_budget_bytes <= 0:
+        raise ConfigError(f"regime: the GPU KV budget must be a positive byte count, got {gpu_kv_budget_bytes!r}")
+    return IN_REGIME if float(full_kv_bytes) > float(gpu_kv_budget_bytes) else OUT_OF_REGIME
+
+
+def regime_of_run(hardware: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping[str, Any]) -> Dict[str, Any]:
+    """{'regime', 'kv_bytes', 'budget_bytes'} of a run's config nodes (no model is loaded: the shapes
+    are the shipped config's; the budget is memory.gpu_kv=auto's, hybridgen.methods.placement)."""
+    from hybridgen.methods.placement import budget_and_shape
+
+    budget, shape = budget_and_shape("auto", hardware, model, workload)
+    return {"regime": regime_label(shape.full_bytes, budget), "kv_bytes": shape.full_bytes, "budget_bytes": budget}
+
+
+def geomean(values: Iterable[float]) -> float:
+    """Geometric mean of positive numbers (refused when there are none)."""
+    vs = [float(v) for v in values]
+    if not vs or any(v <= 0 for v in vs):
+        raise ConfigError(f"geomean: needs positive values, got {vs!r}")
+    return math.exp(sum(math.log(v) for v in vs) / len(vs))
+
+
+def error_band(g: float, baseline_error_pct: Optional[float], hybridgen_error_pct: Optional[float]
+               ) -> Tuple[Optional[float], Optional[float]]:
+    """(low, high) of a speedup ``g`` whose two steps are each priced within the given |error| (%);
+    (None, None) when either side's cost is not validated."""
+    if baseline_error_pct is None or hybridgen_error_pct is None:
+        return None, None
+    eb, eh = abs(baseline_error_pct) / 100.0, abs(hybridgen_error_pct) / 100.0
+    return g * (1 - eb) / (1 + eh), (g * (1 + eb) / (1 - eh) if eh < 1 else math.inf)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """HybridGen against one baseline on one GPU in one placement, from its in-regime cells.
+
+    speedup: geometric mean over the cells where both fit (None: no such cell); low / high: its band
+    from the model's error (None: a cost not validated); cells: in-regime cells used; refused: in-regime
+    cells where a side does not fit (or cannot run), refused_why their statuses counted ('8x does not fit
+    GPU (baseline)'); bound / hybridgen_bound: the resource bounding each
+    side most often over the cells used ('-' without cells); outcome: 'reproduced' (the band at or above
+    the paper's 1.41x), 'refuted' (the band below 1.41x), 'inconclusive' (the band straddles 1.41x) or
+    'untested' (no cell)."""
+
+    placement: str
+    gpu: str
+    baseline: str
+    speedup: Optional[float]
+    low: Optional[float]
+    high: Optional[float]
+    cells: int
+    refused: int
+    refused_why: str
+    bound: str
+    hybridgen_bound: str
+    outcome: str
+
+
+def _num(x: Any) -> Optional[float]:
+    if x is None or x == "":
+        return None
+    v = float(x)
+    return None if math.isnan(v) else v
+
+
+def _most_common(values: Sequence[Any]) -> str:
+    vs = [str(v) for v in values if v not in (None, "")]
+    return Counter(vs).most_common(1)[0][0] if vs else "-"
+
+
+def outcome_of(speedup: Optional[float], low: Optional[float], high: Optional[float]) -> str:
+    """'reproduced' / 'refuted' / 'inconclusive' / 'untested' (see :class:`Verdict`)."""
+    if speedup is None:
+        return "untested"
+    lo, hi = (speedup, speedup) if low is None else (low, high)
+    if lo >= PAPER_BAND[0]:
+        return "reproduced"
+    if hi < PAPER_BAND[0]:
+        return "refuted"
+    return "inconclusive"
+
+
+def verdict(rows: Sequence[Mapping[str, Any]], placement: str, gpu: str, baseline: str) -> Verdict:
+    """The :class:`Verdict` of ``baseline`` on ``gpu`` in ``placement`` from the IN-REGIME rows only."""
+    cells = [r for r in rows if r["placement"] == placement and r["gpu"] == gpu and r["baseline"] == baseline
+             and r["regime"] == IN_REGIME]
+    used = [r for r in cells if _num(r.get("speedup")) is not None]
+    why = "; ".join(f"{n}x {s}" for s, n in sorted(Counter(str(r.get("status")) for r in cells
+                                                            if _num(r.get("speedup")) is None).items()))
+    if not used:
+        return Verdict(placement, gpu, baseline, None, None, None, 0, len(cells), why, "-", "-", "untested")
+    g = geomean(_num(r["speedup"]) for r in used)
+    eb = [_num(r.get("baseline_error_pct")) for r in used]
+    eh = [_num(r.get("hybridgen_error_pct")) for r in used]
+    lo, hi = error_band(g, None if None in eb else max(map(abs, eb)), None if None in eh else max(map(abs, eh)))
+    return Verdict(placement, gpu, baseline, g, lo, hi, len(used), len(cells) - len(used), why,
+                   _most_common([r.get("bound") for r in used]), _most_common([r.get("hybridgen_bound") for r in used]),
+                   outcome_of(g, lo, hi))
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]], placements: Sequence[str], gpus: Sequence[str],
+             baselines: Sequence[str]) -> List[Verdict]:
+    """:func:`verdict` for every (placement, gpu, baseline), in that order."""
+    return [verdict(rows, p, g, b) for p in placements for g in gpus for b in baselines]
+
+
+def band_text(v: Verdict) -> str:
+    """'2.13x [1.80-2.52]' / '2.13x (error not validated)' / 'no cell where both fit'."""
+    if v.speedup is None:
+        return "no in-regime cell where both fit"
+    if v.low is None:
+        return f"{v.speedup:.2f}x (model error not validated)"
+    return f"{v.speedup:.2f}x [{v.low:.2f}-{v.high:.2f}]"
