@@ -25,7 +25,12 @@ def test_the_paper_experiments_exist():
         assert name in EXPS
 
 
-@pytest.mark.parametrize("exp", EXPS)
+#: experiments of hundreds of points (Hydra composes each in ~0.3 s): composed point by point under
+#: `make test-all` (-m slow); `make test` composes each with a narrowed sweep (below)
+LARGE = {"paper_speedup", "paper_regime"}
+
+
+@pytest.mark.parametrize("exp", [pytest.param(e, marks=pytest.mark.slow) if e in LARGE else e for e in EXPS])
 def test_every_experiment_composes_and_validates(exp, prepared_cache):
     points = preflight.resolve_points([f"+exp={exp}"])
     assert points, exp
@@ -34,6 +39,16 @@ def test_every_experiment_composes_and_validates(exp, prepared_cache):
     # each point is a distinct configuration
     blobs = {OmegaConf.to_yaml(cfg) for _, cfg in points}
     assert len(blobs) == len(points)
+
+
+@pytest.mark.parametrize("exp", sorted(LARGE))
+def test_a_large_experiment_composes_with_one_method(exp, prepared_cache):
+    """Every part's grid (models, workloads, hardware) with HybridGen alone: each point composes and
+    validates, and is distinct."""
+    points = preflight.resolve_points([f"+exp={exp}", "method=hybridgen"])
+    assert len(points) > 10 and {cfg.method.name for _, cfg in points} == {"hybridgen"}
+    assert {cfg.exp.name for _, cfg in points} == {exp}
+    assert len({OmegaConf.to_yaml(cfg) for _, cfg in points}) == len(points)
 
 
 def test_quickstart_runs_full_and_split_methods_with_fidelity():
