@@ -65,7 +65,7 @@ def stream_cost(c: CostContext, gpu_share: float, wire_bytes: Optional[float] = 
     S_g, S_h = c.split(gpu_share)
     key_tier, _ = c.tiers(mapping)
     nbytes = c.B * S_h * (c.kv_tok if wire_bytes is None else wire_bytes)
-    xfer = c.copy(nbytes / 2, c.tier_read(key_tier)) * 2 if nbytes else 0.0  # K and V, one copy each
+    xfer = c.host_copy(nbytes / 2, key_tier) * 2 if nbytes else 0.0  # K and V, one copy each
     parts = int(S_g > 0) + int(S_h > 0)
     fixed = c.fixed(gpu_kernels=parts * (PARTIAL_KERNELS - 1) + (MERGE_KERNELS if parts == 2 else 0))
     gpu = c.gpu_attn(S_g) + c.gpu_attn(S_h) - (2 - parts) * c.launch + gpu_extra + fixed
@@ -128,7 +128,7 @@ def offloaded_kept_cost(c: CostContext, resident: LayerCost, streamed_tokens: fl
     label = resident.label + "-offload-" + mode
     if mode == "stream":
         nbytes = c.B * streamed_tokens * c.kv_tok
-        xfer = c.copy(nbytes / 2, c.tier_read(key_tier)) + c.copy(nbytes / 2, c.tier_read(value_tier)) if nbytes else 0.0
+        xfer = c.host_copy(nbytes / 2, key_tier) + c.host_copy(nbytes / 2, value_tier) if nbytes else 0.0
         gpu = resident.attn
         bd = dict(resident.breakdown, h2d_bytes=nbytes, transfer_s=xfer)
         return LayerCost(attn=xfer + gpu, layer=max(xfer, c.rest + gpu), gpu=c.rest + gpu, transfer=xfer,

@@ -1,0 +1,93 @@
+"""Host capacity and CXL spill in the performance model (issue 23, item 2): a method's host
+bytes (its footprint's) on DRAM first, the rest on CXL, beyond both "does not fit host
+memory"; the CXL share read at the CXL rate; the hardware configs state their profiles'
+capacities."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridgen.kv import parse_bytes
+from hybridgen.perf.host_tiers import host_capacities, place_host_bytes
+from hybridgen.perf.predict import predict_step
+from hybridgen.perf.profiles import load_profile
+from hybridgen.shapes import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+GiB = 2 ** 30
+BIG = Workload(batch=32, context=131072)  # Llama-3.1-8B: 550 GB of KV
+
+
+def with_capacities(profile, dram_gb="keep", cxl_gb="keep"):
+    """``profile`` with another DRAM and/or CXL capacity (GB; None = unlimited)."""
+    hw = load_profile(profile)
+    if dram_gb != "keep":
+        hw = dataclasses.replace(hw, host=dataclasses.replace(hw.host, dram_gb=dram_gb))
+    if cxl_gb != "keep":
+        hw = dataclasses.replace(hw, cxl=dataclasses.replace(hw.cxl, capacity_gb=cxl_gb))
+    return hw
+
+
+# -- capacities: one fact, the profile; the hardware configs state the same --------------------
+def test_h200_host_states_the_measured_128_gib_of_dram():
+    dram, cxl = host_capacities(load_profile("h200-host"))
+    assert dram == 128 * GiB and cxl == 0.0
+    dram, cxl = host_capacities(load_profile("h200-host-cxl"))
+    assert dram == 128 * GiB and cxl == load_profile("h200-host-cxl").cxl.capacity_gb * 1e9 > 0
+
+
+@pytest.mark.parametrize("config", sorted(p.stem for p in (ROOT / "conf" / "hardware").glob("*.yaml")))
+def test_hardware_config_capacities_are_its_profiles(config):
+    hw = yaml.safe_load((ROOT / "conf" / "hardware" / f"{config}.yaml").read_text())
+    if hw.get("profile") is None:
+        assert hw["dram_capacity"] is None and hw["cxl_capacity"] is None
+        return
+    dram, cxl = host_capacities(load_profile(hw["profile"]))
+    assert parse_bytes(hw["dram_capacity"]) == pytest.approx(dram, abs=1), "hardware.dram_capacity != profile host.dram_gb"
+    assert parse_bytes(hw["cxl_capacity"]) == pytest.approx(cxl, abs=1), "hardware.cxl_capacity != profile cxl.capacity_gb"
+
+
+# -- the split rule ----------------------------------------------------------------------------
+def test_split_dram_first_then_cxl_then_does_not_fit():
+    hw = with_capacities("h200-host-cxl", dram_gb=100, cxl_gb=50)
+    below = place_host_bytes({"gpu": 7, "dram": 80e9}, hw)
+    assert (below.dram_bytes, below.cxl_bytes, below.fits, below.spill_fraction) == (80e9, 0.0, True, 0.0)
+    spill = place_host_bytes({"dram": 120e9, "cxl": 10e9}, hw)  # own CXL bytes stay there, + the spill
+    assert (spill.dram_bytes, spill.cxl_bytes, spill.fits) == (100e9, 30e9, True)
+    assert spill.spill_fraction == pytest.approx(20 / 120)
+    over = place_host_bytes({"dram": 120e9, "cxl": 40e9}, hw)
+    assert not over.fits and over.dram_bytes + over.cxl_bytes == 160e9
+    no_cxl = place_host_bytes({"dram": 120e9, "cxl": 10e9}, load_profile("h200-host"))
+    assert (no_cxl.dram_bytes, no_cxl.cxl_bytes, no_cxl.spill_fraction) == (130e9, 0.0, 0.0) and no_cxl.fits
+    assert not place_host_bytes({"dram": 140e9}, load_profile("h200-host")).fits
+
+
+# -- predict_step: fits_host, host_bytes, CXL priced --------------------------------------------
+def test_flexgen_550_gb_does_not_fit_the_h200_host():
+    p = predict_step("flexgen", "llama-3.1-8b", BIG, "h200-host")
+    assert not p.fits_host and "[does not fit host memory]" in str(p)
+    assert sum(p.host_bytes.values()) > 500e9 and set(p.host_bytes) == {"dram", "cxl"}
+
+
+def test_flexgen_spills_to_cxl_exactly_and_is_priced_at_the_cxl_rate():
+    hw = with_capacities("h200-host-cxl", cxl_gb=1000)
+    p = predict_step("flexgen", "llama-3.1-8b", BIG, hw)
+    from hybridgen.methods.registry import build_method
+    from hybridgen.perf.context import CostContext
+    from hybridgen.shapes import as_model_shape
+
+    shape = CostContext(as_model_shape("llama-3.1-8b"), BIG, hw).kv_shape()
+    host_kv = build_method("flexgen").footprint(shape).host_bytes
+    assert p.fits_host and p.host_bytes == {"dram": 128 * GiB, "cxl": host_kv - 128 * GiB}
+    assert p.breakdown["host_cxl_bytes"] == p.host_bytes["cxl"] and p.breakdown["cxl_gbps"] == hw.cxl.read_gbps
+    assert p.breakdown["cxl_spill_fraction"] == pytest.approx(p.host_bytes["cxl"] / host_kv)
+    unlimited = predict_step("flexgen", "llama-3.1-8b", BIG, with_capacities(hw, dram_gb=None))
+    assert unlimited.host_bytes["cxl"] == 0 and unlimited.breakdown["cxl_spill_fraction"] == 0
+    assert p.total_s > 1.2 * unlimited.total_s  # 3/4 of the stream at 28 GB/s instead of 55
+    # the transfer is exactly the two shares at their own rates
+    f, link = p.breakdown["cxl_spill_fraction"], hw.link.h2d_pinned_gbps
+    per_layer = p.breakdown["h2d_bytes"] * ((1 - f) / min(link, hw.host.dram_read_gbps) + f / min(link, hw.cxl.read_gbps)) / 1e9
+    assert p.breakdown["transfer_s"] == pytest.approx(per_layer + 2 * hw.link.latency_us * 1e-6, rel=1e-9)
