@@ -91,3 +91,109 @@ def test_flexgen_spills_to_cxl_exactly_and_is_priced_at_the_cxl_rate():
     f, link = p.breakdown["cxl_spill_fraction"], hw.link.h2d_pinned_gbps
     per_layer = p.breakdown["h2d_bytes"] * ((1 - f) / min(link, hw.host.dram_read_gbps) + f / min(link, hw.cxl.read_gbps)) / 1e9
     assert p.breakdown["transfer_s"] == pytest.approx(per_layer + 2 * hw.link.latency_us * 1e-6, rel=1e-9)
+
+
+# -- every host-KV method: the projected split is its footprint's, DRAM first --------------------
+SPLIT_METHODS = [("flexgen", {}), ("flexgen", {"compress_kv": True}), ("hybridgen", {}),
+                 ("h2o", {"offload": "stream"}), ("h2o", {"offload": "cpu"}), ("infinigen", {})]
+
+
+@pytest.mark.parametrize("name,params", SPLIT_METHODS, ids=[f"{n}-{'-'.join(map(str, p.values()))}" for n, p in SPLIT_METHODS])
+@pytest.mark.parametrize("profile", ["h200-host", "h200-host-cxl"])
+def test_projected_host_bytes_split_as_the_footprint_says(name, params, profile):
+    from hybridgen.methods.registry import build_method
+    from hybridgen.perf.context import CostContext
+    from hybridgen.shapes import as_model_shape
+
+    w = Workload(batch=8, context=131072)
+    method = build_method(name, **params)
+    fp_hw = load_profile(profile)
+    fp = method.footprint(CostContext(as_model_shape("llama-3.1-8b"), w, fp_hw).kv_shape())
+    assert fp.host_bytes > 0, "a host part exists"
+    # a DRAM of a third of the host bytes: the rest spills (CXL unlimited where there is CXL)
+    hw = with_capacities(profile, dram_gb=fp.host_bytes / 3e9, **({"cxl_gb": None} if fp_hw.cxl else {}))
+    p = predict_step(method, "llama-3.1-8b", w, hw)
+    assert sum(p.host_bytes.values()) == pytest.approx(fp.host_bytes, rel=1e-12)
+    assert p.host_bytes == {"dram": p.breakdown["host_dram_bytes"], "cxl": p.breakdown["host_cxl_bytes"]}
+    if fp_hw.cxl is None:  # no CXL node: all on DRAM, which is too small
+        assert p.host_bytes["cxl"] == 0 and not p.fits_host and p.breakdown["cxl_spill_fraction"] == 0
+        return
+    assert p.fits_host and p.host_bytes["dram"] == pytest.approx(fp.host_bytes / 3, rel=1e-9)
+    own_cxl = fp.tier_bytes.get("cxl", 0)  # HybridGen's semantic mapping: its values stay on CXL
+    assert p.host_bytes["cxl"] == pytest.approx(fp.host_bytes - fp.host_bytes / 3, rel=1e-9) and p.host_bytes["cxl"] >= own_cxl
+    wanted_dram = fp.tier_bytes.get("dram", 0)
+    assert p.breakdown["cxl_spill_fraction"] == pytest.approx((wanted_dram - fp.host_bytes / 3) / wanted_dram, rel=1e-9)
+    roomy = predict_step(method, "llama-3.1-8b", w, with_capacities(hw, dram_gb=None))
+    assert roomy.host_bytes == {"dram": wanted_dram, "cxl": own_cxl}
+    assert p.total_s > roomy.total_s, "the spilled share is read at the CXL rate"
+
+
+# -- emulated runs: the same rule through the tier ledger --------------------------------------
+def test_store_spills_dram_past_its_capacity_to_cxl():
+    import torch
+
+    from hybridgen.errors import CapacityError
+    from hybridgen.kv import TieredStore
+
+    store = TieredStore(dram=1024, cxl=2048, spill=True)
+    a = store["dram"].allocate((200,), torch.float32, "a")  # 800 B on DRAM
+    b = store["dram"].allocate((200,), torch.float32, "b")  # past DRAM: on CXL
+    assert store.bytes_by_tier() == {"gpu": 0, "dram": 800, "cxl": 800}
+    store["dram"].release(b)  # forgotten by the tier that holds it
+    store["dram"].release(a)
+    assert store.bytes_by_tier() == {"gpu": 0, "dram": 0, "cxl": 0}
+    with pytest.raises(CapacityError, match="cxl"):
+        store["dram"].allocate((1000,), torch.float32, "c")  # 4000 B: beyond DRAM + CXL
+    with pytest.raises(CapacityError, match="dram"):  # without spill the DRAM tier refuses
+        TieredStore(dram=1024)["dram"].allocate((300,), torch.float32, "d")
+
+
+def test_emulated_run_spills_as_the_projection_places_it():
+    import torch
+
+    from hybridgen.kv import TieredStore
+    from hybridgen.methods.footprint import KVShape
+    from hybridgen.methods.registry import build_method
+    from hybridgen.model import load_model
+    from hybridgen.perf.host_tiers import split_host_bytes
+
+    tiny = load_model("smollm2-135m", weights="random", num_layers=2, tokenizer=False, seed=0)
+    sp, B, T, N = tiny.spec, 2, 60, 3
+    shape = KVShape(sp.num_layers, sp.num_kv_heads, sp.head_dim, 4, B, T + N, N, masked=False)
+    method = build_method("flexgen", gpu_budget="20t")
+    fp = method.footprint(shape)
+    ids = torch.randint(3, 1000, (B, T), generator=torch.Generator().manual_seed(1))
+    ref = tiny.generate(ids, method, max_new_tokens=N, store=TieredStore()).tokens
+    dram_cap = fp.host_bytes // 2
+    store = TieredStore(dram=dram_cap, spill=True)
+    out = tiny.generate(ids, build_method("flexgen", gpu_budget="20t"), max_new_tokens=N, store=store).tokens
+    assert torch.equal(out, ref)
+    peak = store.peak_by_tier()
+    assert peak["gpu"] == fp.gpu_bytes and peak["dram"] <= dram_cap < fp.host_bytes
+    assert peak["dram"] + peak["cxl"] == fp.host_bytes and peak["cxl"] > 0
+    want = split_host_bytes(fp.tier_bytes.get("dram", 0), 0, dram_cap, None)
+    per_layer = fp.host_bytes // shape.layers  # the store spills whole allocations (one layer's host KV)
+    assert abs(peak["cxl"] - want.cxl_bytes) <= per_layer
+
+
+def test_emulated_run_over_host_capacity_is_refused_before_any_model_loads(tmp_path, capsys):
+    from experiments import run
+
+    out = tmp_path / "results"
+    argv = ["exp.kind=generate", "method=flexgen", "hardware.dram_capacity=1KiB", "hardware.cxl_capacity=2KiB",
+            f"results_dir={out}"]
+    try:
+        rc = run.main(argv)
+    except SystemExit as exit_:
+        rc = exit_.code
+    assert rc == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "flexgen" in err[0]
+    assert "hardware.dram_capacity" in err[0] and "hardware.cxl_capacity" in err[0] and "raise" in err[0]
+    assert not out.exists(), "refused before any directory (or model) was made"
+    # a DRAM too small but a CXL that holds the rest passes the preflight (the store spills)
+    from experiments.preflight import compose
+    from experiments.validate import validate
+
+    validate(compose(["exp.kind=generate", "method=flexgen", "hardware.dram_capacity=1KiB",
+                      "hardware.cxl_capacity=null"]))

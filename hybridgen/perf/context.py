@@ -267,14 +267,19 @@ class CostContext:
         share of :meth:`tier_shares` at min(kernel, its tier's read bandwidth))."""
         return sum(nbytes * s / (min(kernel_gbps, self.tier_read(t)) * 1e9) for t, s in self.tier_shares(tier))
 
-    def host_copy(self, nbytes: float, tier: str, pageable: bool = False) -> float:
-        """A host->GPU copy of nbytes that live on ``tier``: each share of :meth:`tier_shares` at
-        min(link, its tier's read bandwidth), one link latency."""
-        shares = self.tier_shares(tier)
+    def host_copy(self, nbytes: float, tier: Placement, pageable: bool = False) -> float:
+        """A host->GPU copy of nbytes that live on ``tier`` (or, for a (key tier, value tier)
+        pair, half on each): each share of :meth:`tier_shares` at min(link, its tier's read
+        bandwidth), one link latency."""
+        halves = tier if isinstance(tier, tuple) else (tier,)
+        shares: Dict[str, float] = {}
+        for h in halves:
+            for t, s in self.tier_shares(h):
+                shares[t] = shares.get(t, 0.0) + s / len(halves)
         if nbytes <= 0 or len(shares) == 1:
-            return self.copy(nbytes, self.tier_read(shares[0][0]), pageable)
+            return self.copy(nbytes, self.tier_read(next(iter(shares))), pageable)
         link = self.link_gbps(pageable)
-        return sum(nbytes * s / (min(link, self.tier_read(t)) * 1e9) for t, s in shares) + self.link_lat
+        return sum(nbytes * s / (min(link, self.tier_read(t)) * 1e9) for t, s in shares.items()) + self.link_lat
 
     def gather_time(self, rows: float, row_bytes: float, tier: str) -> float:
         """A host gather of ``rows`` rows of row_bytes each on ``tier`` (each share of

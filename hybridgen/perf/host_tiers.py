@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from hybridgen.perf.profiles import HardwareProfile
 
-__all__ = ["HostTiers", "host_capacities", "place_host_bytes", "host_tiers_of"]
+__all__ = ["HostTiers", "host_capacities", "split_host_bytes", "place_host_bytes", "host_tiers_of"]
 
 
 @dataclass(frozen=True)
@@ -63,20 +63,28 @@ def host_capacities(hw: HardwareProfile) -> Tuple[Optional[float], Optional[floa
     return dram, (None if hw.cxl.capacity_gb is None else hw.cxl.capacity_gb * 1e9)
 
 
-def place_host_bytes(tier_bytes: Mapping[str, float], hw: HardwareProfile) -> HostTiers:
-    """The host bytes of ``tier_bytes`` (a footprint's) placed on ``hw`` (module docstring)."""
-    dram_cap, cxl_cap = host_capacities(hw)
-    want_dram, want_cxl = float(tier_bytes.get("dram", 0)), float(tier_bytes.get("cxl", 0))
-    if hw.cxl is None:  # all on DRAM, whether it fits or not
+def split_host_bytes(want_dram: float, want_cxl: float, dram_cap: Optional[float], cxl_cap: Optional[float],
+                     has_cxl: bool = True) -> HostTiers:
+    """The rule (module docstring): ``want_dram`` / ``want_cxl`` bytes a method places on each
+    host tier, on a host of ``dram_cap`` / ``cxl_cap`` bytes (None = unlimited); ``has_cxl``
+    False: no CXL node, everything on DRAM. Also the emulated run's preflight
+    (:func:`hybridgen.methods.placement.check_host_capacity`) with the hardware config's capacities."""
+    if not has_cxl:  # all on DRAM, whether it fits or not
         want = want_dram + want_cxl
         return HostTiers(dram_bytes=want, dram_capacity=dram_cap, cxl_capacity=0.0,
                          fits=dram_cap is None or want <= dram_cap)
     dram = want_dram if dram_cap is None else min(want_dram, dram_cap)
     spilled = want_dram - dram
     cxl = want_cxl + spilled
-    fits = cxl_cap is None or cxl <= cxl_cap
     return HostTiers(dram_bytes=dram, cxl_bytes=cxl, spilled_bytes=spilled, dram_capacity=dram_cap,
-                     cxl_capacity=cxl_cap, fits=fits)
+                     cxl_capacity=cxl_cap, fits=cxl_cap is None or cxl <= cxl_cap)
+
+
+def place_host_bytes(tier_bytes: Mapping[str, float], hw: HardwareProfile) -> HostTiers:
+    """The host bytes of ``tier_bytes`` (a footprint's) placed on ``hw`` (module docstring)."""
+    dram_cap, cxl_cap = host_capacities(hw)
+    return split_host_bytes(float(tier_bytes.get("dram", 0)), float(tier_bytes.get("cxl", 0)), dram_cap, cxl_cap,
+                            has_cxl=hw.cxl is not None)
 
 
 def host_tiers_of(method: Any, kv_shape: Any, hw: HardwareProfile) -> Optional[HostTiers]:
