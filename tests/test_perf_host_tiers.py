@@ -197,3 +197,35 @@ def test_emulated_run_over_host_capacity_is_refused_before_any_model_loads(tmp_p
 
     validate(compose(["exp.kind=generate", "method=flexgen", "hardware.dram_capacity=1KiB",
                       "hardware.cxl_capacity=null"]))
+
+
+# -- baselines priced as they run (issue 23, item 3) --------------------------------------------
+def test_infinigen_priced_at_the_fetch_fraction_its_run_measured():
+    import torch
+
+    from baselines.infinigen import measured_fetch_fraction
+    from hybridgen.kv import TieredStore
+    from hybridgen.methods.registry import build_method
+    from hybridgen.model import load_model
+
+    tiny = load_model("smollm2-135m", weights="random", num_layers=3, tokenizer=False, seed=0)
+    B, T, N = 2, 80, 4
+    ids = torch.randint(3, 1000, (B, T), generator=torch.Generator().manual_seed(2))
+    method = build_method("infinigen", budget=0.1)  # run at a tenth: priced below the default 20% cap
+    res = tiny.generate(ids, method, max_new_tokens=N, store=TieredStore())
+    stats = res.method_stats
+    frac = measured_fetch_fraction(stats)
+    sp = tiny.spec
+    # the counter is what was copied: fetched rows x (K + V) bytes of every KV head (fp32, unpadded)
+    assert stats["bytes_h2d"] == stats["fetched_tokens"] * B * sp.num_kv_heads * 2 * sp.head_dim * 4
+    assert 0 < frac <= 0.1
+    assert measured_fetch_fraction({}) is None
+    w = Workload(batch=8, context=131072)
+    at_cap = predict_step("infinigen", "llama-3.1-8b", w, "a100-80gb")
+    at_run = predict_step("infinigen", "llama-3.1-8b", w, "a100-80gb", measured={"fetch_fraction": frac})
+    assert at_cap.breakdown["fetch_measured"] == 0 and at_cap.breakdown["fetch_fraction"] == at_cap.breakdown["fetch_cap"] == 0.2
+    assert at_run.breakdown["fetch_measured"] == 1 and at_run.breakdown["fetch_fraction"] == pytest.approx(frac)
+    assert at_run.breakdown["h2d_bytes"] == pytest.approx(at_cap.breakdown["h2d_bytes"] * frac / 0.2)
+    assert at_run.total_s < at_cap.total_s
+    over = predict_step("infinigen", "llama-3.1-8b", w, "a100-80gb", measured={"fetch_fraction": 0.9})
+    assert over.breakdown["fetch_fraction"] == 0.2, "never more than its cap"

@@ -73,7 +73,9 @@ class CostContext:
     kv_tok, key_tok (bytes, see the module docstring); launch, link_lat (s); rest (s: the
     layer outside attention), head (s: the LM head), weights_bytes; spill: the share of the
     method's DRAM-placed host bytes that spilled to CXL (0 until ``predict_step`` sets it from
-    the method's footprint, :mod:`hybridgen.perf.host_tiers`).
+    the method's footprint, :mod:`hybridgen.perf.host_tiers`); measured: what an emulated run of
+    the method measured, for its cost to price instead of an assumption (e.g. InfiniGen's
+    'fetch_fraction'; ``predict_step(..., measured=...)``; empty: none).
     """
 
     def __init__(self, shape: ModelShape, w: Workload, hw: HardwareProfile):
@@ -104,6 +106,7 @@ class CostContext:
         self.head = max(head_params * wb / (g.hbm_gbps * 1e9), 2 * self.B * head_params / (g.matmul_tflops * 1e12))
         self.weights_bytes = shape.weights_bytes()
         self.spill = 0.0
+        self.measured: Dict[str, float] = {}
 
     def kv_shape(self):
         """This prediction's workload as a :class:`hybridgen.methods.footprint.KVShape`, the

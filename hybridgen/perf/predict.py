@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 from hybridgen.errors import ConfigError
 from hybridgen.methods.registry import build_method
@@ -75,12 +75,15 @@ def _as_method(method: Any) -> Any:
 
 
 def predict_step(method: Any, model: Union[str, ModelShape, Any], workload: Workload,
-                 profile: Union[str, Path, HardwareProfile]) -> StepPrediction:
+                 profile: Union[str, Path, HardwareProfile],
+                 measured: Optional[Mapping[str, float]] = None) -> StepPrediction:
     """PROJECTED time of one decode step of ``method`` (see the module docstring).
 
     method: a KVMethod instance (its own parameters are priced) or a registered method name
     (built with its defaults); model: a ModelShape, an engine ModelSpec or a shipped model
-    name; profile: a profile name, a profile JSON path, or a HardwareProfile. Raises
+    name; profile: a profile name, a profile JSON path, or a HardwareProfile; measured: what an
+    emulated run of the method measured, priced instead of its assumption where its cost reads
+    it (``CostContext.measured``, e.g. InfiniGen's 'fetch_fraction'). Raises
     :class:`NotModelled` when the method has no cost (``layer_cost`` missing or None).
     """
     m = _as_method(method)
@@ -90,6 +93,7 @@ def predict_step(method: Any, model: Union[str, ModelShape, Any], workload: Work
     c = CostContext(shape, workload, hw)
     host = host_tiers_of(m, c.kv_shape(), hw)
     c.spill = host.spill_fraction if host is not None else 0.0
+    c.measured = dict(measured or {})
     layer_cost = getattr(m, "layer_cost", None)
     lay = layer_cost(c) if callable(layer_cost) else None
     if lay is None:
