@@ -229,3 +229,21 @@ def test_infinigen_priced_at_the_fetch_fraction_its_run_measured():
     assert at_run.total_s < at_cap.total_s
     over = predict_step("infinigen", "llama-3.1-8b", w, "a100-80gb", measured={"fetch_fraction": 0.9})
     assert over.breakdown["fetch_fraction"] == 0.2, "never more than its cap"
+
+
+def test_offloaded_evicting_methods_priced_with_their_overlap():
+    w = Workload(batch=8, context=131072)
+    stream = predict_step(build("h2o", offload="stream"), "llama-3.1-8b", w, "h200-host")
+    bd = stream.breakdown
+    assert bd["overlapped"] == 1 and bd["streamed_tokens"] > 0
+    gpu_per_layer = (stream.gpu_branch_s - bd["lm_head_s"]) / bd["layers"]  # rest + the resident attention
+    assert stream.layer_s == pytest.approx(max(bd["transfer_s"], gpu_per_layer))
+    assert stream.layer_s < bd["transfer_s"] + bd["rest_s"] + bd["gpu_attn_s"], "the copy hides behind the compute"
+    cpu = predict_step(build("h2o", offload="cpu"), "llama-3.1-8b", w, "h200-host")
+    assert cpu.breakdown["overlapped"] == 0 and cpu.breakdown["read_tokens"] > 0
+
+
+def build(name, **params):
+    from hybridgen.methods.registry import build_method
+
+    return build_method(name, **params)
