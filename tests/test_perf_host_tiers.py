@@ -176,18 +176,19 @@ def test_emulated_run_spills_as_the_projection_places_it():
     assert abs(peak["cxl"] - want.cxl_bytes) <= per_layer
 
 
-def test_emulated_run_over_host_capacity_is_refused_before_any_model_loads(tmp_path, capsys):
-    from experiments import run
+def test_emulated_run_over_host_capacity_is_refused_before_any_model_loads(tmp_path):
+    import os
+    import subprocess
+    import sys
 
     out = tmp_path / "results"
     argv = ["exp.kind=generate", "method=flexgen", "hardware.dram_capacity=1KiB", "hardware.cxl_capacity=2KiB",
             f"results_dir={out}"]
-    try:
-        rc = run.main(argv)
-    except SystemExit as exit_:
-        rc = exit_.code
-    assert rc == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    # a subprocess, as a user runs it (Hydra's logging set-up stays out of this test process)
+    p = subprocess.run([sys.executable, "experiments/run.py", *argv], cwd=ROOT, env={**os.environ},
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    err = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "flexgen" in err[0]
     assert "hardware.dram_capacity" in err[0] and "hardware.cxl_capacity" in err[0] and "raise" in err[0]
     assert not out.exists(), "refused before any directory (or model) was made"
