@@ -19,6 +19,10 @@ What we implement (only the KV cache is placed; weights stay on the compute devi
 - ``compress_kv``: host KV stored as 4-bit codes + (min, scale) per group
   (:mod:`baselines.quant`); the compressed bytes are what crosses PCIe, and they are
   dequantized on the GPU into a gpu-tier buffer.
+- ``compress_gpu_kv``: the GPU part stored the same way (~3.5x more tokens in the same bytes
+  at group 64), dequantized each step into a model-wide gpu-tier buffer of the GPU share;
+  with ``compress_kv`` the whole cache is compressed, as FlexGen's compressed cache is
+  (the ``flexgen-int4`` preset).
 
 Choices where the paper is silent or which differ from it:
 - the GPU/host split is by token (positions [0, n_gpu) of prompt + generated tokens, with
@@ -35,6 +39,7 @@ Choices where the paper is silent or which differ from it:
   the query goes down through :class:`hybridgen.kv.transfer.DeviceToHost` (pinned buffer +
   event) and the pool's worker waits on the event before reading it;
 - the new token is attended at full precision on the compute device, where it is computed
+  (also when it joins a compressed GPU part: stored quantized, attended from its own values);
   (also with ``attention_on="cpu"``: its one-row partial is merged with the host partial);
   it is written to the host (quantized when compressing) after the step's attention;
 - 'bytes_h2d' counts staged bytes (K, V, mask, or codes + meta); in CPU mode the output and
@@ -43,6 +48,7 @@ Choices where the paper is silent or which differ from it:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
 
@@ -67,6 +73,7 @@ class FlexGen(TieredMethod):
         cache_gpu_percent = 100 x gpu_budget; the rest, its cache_cpu_percent, on host_tier).
     host_tier: 'dram' or 'cxl'. attention_on: 'gpu' (stream KV) or 'cpu' (compute on host).
     compress_kv: 4-bit group-wise host KV (group_size elements per group).
+    compress_gpu_kv: the GPU part 4-bit group-wise too.
     prefetch: start layer l+1's copy during layer l (False: copy on use).
     async_copy: use a CUDA stream when CUDA is there (False: the plain-copy fallback).
     """
@@ -80,12 +87,13 @@ class FlexGen(TieredMethod):
     host_tier: Literal["dram", "cxl"] = "dram"
     attention_on: Literal["gpu", "cpu"] = "gpu"
     compress_kv: bool = False
+    compress_gpu_kv: bool = False
     group_size: PositiveInt = 64
     prefetch: bool = True
     async_copy: bool = True
 
     def check(self) -> None:
-        if self.compress_kv:
+        if self.compress_kv or self.compress_gpu_kv:
             quant.check_group(self.group_size)
 
     # ------------------------------------------------------------------ setup
@@ -97,6 +105,7 @@ class FlexGen(TieredMethod):
         self.host: List[Optional[object]] = [None] * L  # KVSegment, or (codes, meta) segments
         self.stage: Optional[list] = None  # two staging slots, allocated at the first prefill
         self.deq = None
+        self.gpu_deq = None  # compress_gpu_kv: the GPU part dequantized, [B, Hkv, n_gpu, D] (k, v)
         self.prefetcher = HostToDevice(ctx.compute_device, force_sync=not self.async_copy)
         self.staged_len = [0] * L
         self.pool = (ctx.pool or default_pool()) if self.attention_on == "cpu" else None
@@ -132,35 +141,69 @@ class FlexGen(TieredMethod):
         g = min(self.n_gpu, T)
         m = (lambda a, b: None if valid is None else valid[:, a:b])
         if self.n_gpu > 0:
-            seg = self.segment("gpu", f"layer{layer}/gpu", self.n_gpu, self.with_mask)
-            seg.append(k[:, :, :g], v[:, :, :g], m(0, g))
-            self.gpu[layer] = seg
+            if self.compress_gpu_kv:
+                self.gpu[layer] = self._quant_segments("gpu", f"layer{layer}/gpu", self.n_gpu)
+                self._append_quantized(self.gpu[layer], k[:, :, :g], v[:, :, :g], m(0, g))
+                if self.gpu_deq is None:
+                    shape = (ctx.batch_size, ctx.num_kv_heads, self.n_gpu, ctx.head_dim)
+                    self.gpu_deq = {p: self.buffer("gpu", f"shared/gpu_dequant/{p}", shape, ctx.dtype) for p in "kv"}
+            else:
+                seg = self.segment("gpu", f"layer{layer}/gpu", self.n_gpu, self.with_mask)
+                seg.append(k[:, :, :g], v[:, :, :g], m(0, g))
+                self.gpu[layer] = seg
         if self.host_cap > 0:
             if self.compress_kv:
-                cb, me = quant.packed_shapes(ctx.head_dim, self.group_size)
-                codes = self.segment(self.host_tier, f"layer{layer}/host_codes", self.host_cap, self.with_mask,
-                                     head_dim=cb, dtype=torch.uint8)
-                meta = self.segment(self.host_tier, f"layer{layer}/host_meta", self.host_cap, False,
-                                    head_dim=me, dtype=ctx.dtype)
-                self.host[layer] = (codes, meta)
+                self.host[layer] = self._quant_segments(self.host_tier, f"layer{layer}/host", self.host_cap)
             else:
                 self.host[layer] = self.segment(self.host_tier, f"layer{layer}/host", self.host_cap, self.with_mask)
             self._host_append(layer, k[:, :, g:], v[:, :, g:], m(g, T))
             if self.attention_on == "gpu" and self.stage is None:
                 self._alloc_stage()
 
-    # ------------------------------------------------------------------ host storage
+    # ------------------------------------------------------------------ storage
+    def _quant_segments(self, tier: str, owner: str, cap: int):
+        """(codes, meta) KVSegments of ``cap`` tokens on ``tier``: 4-bit codes [B, Hkv, cap, cb]
+        uint8 (+ the mask) and (min, scale) meta [B, Hkv, cap, me] in the model dtype."""
+        cb, me = quant.packed_shapes(self.ctx.head_dim, self.group_size)
+        return (self.segment(tier, f"{owner}_codes", cap, self.with_mask, head_dim=cb, dtype=torch.uint8),
+                self.segment(tier, f"{owner}_meta", cap, False, head_dim=me, dtype=self.ctx.dtype))
+
+    def _append_quantized(self, pair, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> int:
+        """k, v [B, Hkv, n, D] quantized onto ``pair`` (codes, meta); returns the bytes written."""
+        if k.shape[2] == 0:
+            return 0
+        ck, mk = quant.quantize(k, self.group_size)
+        cv, mv = quant.quantize(v, self.group_size)
+        codes, meta = pair
+        codes.append(ck.to(codes.device), cv.to(codes.device), None if mask is None else mask.to(codes.device))
+        meta.append(mk.to(meta.device), mv.to(meta.device))
+        return sum(self.kv_bytes(t) for t in (ck, cv, mk, mv))
+
+    def _gpu_len(self, layer: int) -> int:
+        gpu = self.gpu[layer]
+        if gpu is None:
+            return 0
+        return gpu[0].length if self.compress_gpu_kv else gpu.length
+
+    def _gpu_kv(self, layer: int):
+        """(k, v, mask) of the GPU part (dequantized into the GPU share's buffer when compressed),
+        or None when it holds nothing."""
+        gpu, n = self.gpu[layer], self._gpu_len(layer)
+        if not n:
+            return None
+        if not self.compress_gpu_kv:
+            return gpu.k, gpu.v, gpu.mask
+        codes, meta = gpu
+        D = self.ctx.head_dim
+        return (quant.dequantize(codes.k, meta.k, D, self.group_size, out=self.gpu_deq["k"].t[:, :, :n]),
+                quant.dequantize(codes.v, meta.v, D, self.group_size, out=self.gpu_deq["v"].t[:, :, :n]), codes.mask)
+
     def _host_append(self, layer: int, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> None:
         if k.shape[2] == 0:
             return
         host = self.host[layer]
         if self.compress_kv:
-            ck, mk = quant.quantize(k, self.group_size)
-            cv, mv = quant.quantize(v, self.group_size)
-            codes, meta = host
-            codes.append(ck.to(codes.device), cv.to(codes.device), None if mask is None else mask.to(codes.device))
-            meta.append(mk.to(meta.device), mv.to(meta.device))
-            self.count("bytes_d2h", sum(self.kv_bytes(t) for t in (ck, cv, mk, mv)))
+            self.count("bytes_d2h", self._append_quantized(host, k, v, mask))
         else:
             host.append(k.to(host.device), v.to(host.device), None if mask is None else mask.to(host.device))
             self.count("bytes_d2h", self.kv_bytes(k) + self.kv_bytes(v))
@@ -232,20 +275,29 @@ class FlexGen(TieredMethod):
     def decode(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         scale = self.ctx.scale
         gpu = self.gpu[layer]
-        new_on_gpu = gpu is not None and gpu.length < self.n_gpu
-        if new_on_gpu:
-            gpu.append(k, v)
+        new_on_gpu = gpu is not None and self._gpu_len(layer) < self.n_gpu
+        # the new token on its own, at full precision: unless it joins an uncompressed GPU part
+        own_new = not new_on_gpu or self.compress_gpu_kv
+        if self.compress_gpu_kv:
+            gpu_kv = self._gpu_kv(layer)  # before the new token joins it
+            if new_on_gpu:
+                self._append_quantized(gpu, k, v, None)
+        else:
+            if new_on_gpu:
+                gpu.append(k, v)
+            gpu_kv = self._gpu_kv(layer)
         parts = []
         if self.attention_on == "gpu":
             if self._host_len(layer) > 0 or self.prefetcher.pending(layer):
                 sk, sv, sm = self._staged(layer)
                 if sk.shape[2]:
                     parts.append(partial_attention(q, sk, sv, scale, sm))
-            if not new_on_gpu:
+            if own_new:
                 parts.append(partial_attention(q, k, v, scale))
+            if not new_on_gpu:
                 self._host_append(layer, k, v, None)
-            if gpu is not None and gpu.length:
-                parts.append(partial_attention(q, gpu.k, gpu.v, scale, gpu.mask))
+            if gpu_kv is not None:
+                parts.append(partial_attention(q, *gpu_kv[:2], scale, gpu_kv[2]))
         else:
             fut = None
             if self._host_len(layer) > 0:
@@ -253,9 +305,9 @@ class FlexGen(TieredMethod):
                 q_host, q_ready = self.q_down.send(layer, q)  # the worker waits on q_ready first
                 self.count("bytes_d2h", self.kv_bytes(q))
                 fut = self.pool.submit(after_copy, q_ready, partial_attention, q_host, hk, hv, scale, hm)
-            if gpu is not None and gpu.length:
-                parts.append(partial_attention(q, gpu.k, gpu.v, scale, gpu.mask))
-            if not new_on_gpu:
+            if gpu_kv is not None:
+                parts.append(partial_attention(q, *gpu_kv[:2], scale, gpu_kv[2]))
+            if own_new:
                 parts.append(partial_attention(q, k, v, scale))
             if fut is not None:
                 h_out, h_lse = fut.result()
@@ -270,7 +322,7 @@ class FlexGen(TieredMethod):
         if getattr(self, "prefetcher", None) is not None:
             self.prefetcher.drain()
         super().release()
-        self.gpu, self.host, self.stage, self.deq = [], [], None, None
+        self.gpu, self.host, self.stage, self.deq, self.gpu_deq = [], [], None, None, None
 
     # ------------------------------------------------------------------ memory, placement, cost
     def split(self, context: int) -> Tuple[int, int]:
@@ -280,24 +332,25 @@ class FlexGen(TieredMethod):
 
     def footprint(self, shape: "KVShape") -> "Footprint":
         """Per layer n = gpu_budget.resolve(context) tokens on the gpu tier and the rest on
-        ``host_tier`` (4-bit codes + per-group meta when ``compress_kv``); attention on the GPU
-        adds two model-wide staging slots of one layer's host part (+ two dequantisation
-        buffers when compressed). Masks: one byte per KV head and token when padded."""
+        ``host_tier`` (4-bit codes + per-group meta when ``compress_kv``; the GPU part too when
+        ``compress_gpu_kv``, plus a model-wide K/V dequantisation buffer of its n tokens); attention on the GPU adds two
+        model-wide staging slots of one layer's host part (+ two dequantisation buffers when
+        compressed). Masks: one byte per KV head and token when padded."""
         from hybridgen.methods.footprint import Footprint, add_bytes
 
         L, B, H, D, b, m = shape.layers, shape.batch, shape.kv_heads, shape.head_dim, shape.dtype_bytes, shape.mask_bytes
         n_gpu, host = self.split(shape.context)
-        if self.compress_kv:
-            cb, me = quant.packed_shapes(D, self.group_size)
-            host_tok = B * (2 * H * cb + m + 2 * H * me * b)  # codes (+ mask) and meta segments
-            dequant = 2 * B * H * host * D * b
-        else:
-            host_tok, dequant = B * (shape.token_bytes + m), 0
+        cb, me = quant.packed_shapes(D, self.group_size)
+        packed_tok, plain_tok = B * (2 * H * cb + m + 2 * H * me * b), B * (shape.token_bytes + m)  # codes (+ mask), meta
+        host_tok = packed_tok if self.compress_kv else plain_tok
+        dequant = 2 * B * H * host * D * b if self.compress_kv else 0
+        gpu_tok = packed_tok if self.compress_gpu_kv else plain_tok
+        gpu_dequant = 2 * B * H * n_gpu * D * b if self.compress_gpu_kv and n_gpu else 0
         shared = 2 * host * host_tok + dequant if self.attention_on == "gpu" and host > 0 else 0
         return Footprint(gpu_tokens=n_gpu, host_tokens=host, staging_tokens=2 * host if shared else 0,
-                         tier_bytes=add_bytes({"gpu": L * n_gpu * B * (shape.token_bytes + m) + shared},
+                         tier_bytes=add_bytes({"gpu": L * n_gpu * gpu_tok + shared + gpu_dequant},
                                               {self.host_tier: L * host * host_tok}),
-                         shared_gpu_bytes=shared)
+                         shared_gpu_bytes=shared + gpu_dequant)
 
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
         """FlexGen's cache_gpu_percent from the budget: the largest gpu share whose footprint
@@ -316,21 +369,29 @@ class FlexGen(TieredMethod):
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost: the host part streamed over PCIe (4-bit codes + a GPU
-        dequantisation pass when compress_kv) or attended on the CPU; memory: the footprint."""
+        dequantisation pass when compress_kv) or attended on the CPU; compress_gpu_kv adds a
+        dequantisation pass over the GPU part's codes; memory: the footprint (compressed GPU
+        part: ~3.5x the GPU tokens in the same bytes)."""
         from hybridgen.methods.footprint import with_memory
         from hybridgen.perf.costs import cpu_attention_split_cost, stream_cost
 
         share, shape = c.fraction(self.gpu_budget), c.kv_shape()
+        S_g, S_h = c.split(share)
+        hbm = c.hw.gpu.hbm_gbps * 1e9
+        packed = 2 * c.Hkv * c.D * (0.5 + 4.0 / self.group_size)  # 4-bit codes + fp16 (min, scale) per group
+        # a dequantisation pass reads the codes and writes the KV
+        gpu_dequant = c.B * S_g * (packed + c.kv_tok) / hbm + c.launch if self.compress_gpu_kv and S_g else 0.0
         if self.compress_kv:
-            per_elem = 0.5 + 4.0 / self.group_size  # 4-bit code + fp16 (min, scale) per group
-            S_h = c.split(share)[1]
-            wire = 2 * c.Hkv * c.D * per_elem
-            dequant = (c.B * S_h * (wire + c.kv_tok)) / (c.hw.gpu.hbm_gbps * 1e9) + c.launch
-            lay = stream_cost(c, share, wire, dequant, self.host_tier, "flexgen-int4")
-            lay.breakdown["dequant_s"] = dequant
+            dequant = (c.B * S_h * (packed + c.kv_tok)) / hbm + c.launch + gpu_dequant
+            lay = stream_cost(c, share, packed, dequant, self.host_tier, "flexgen-int4")
         elif self.attention_on == "cpu":
             lay = cpu_attention_split_cost(c, share, merge=True, mapping=self.host_tier)
+            if gpu_dequant:  # before the GPU partial, priced serially with the layer (an upper bound)
+                lay = dataclasses.replace(lay, attn=lay.attn + gpu_dequant, layer=lay.layer + gpu_dequant,
+                                          gpu=lay.gpu + gpu_dequant, breakdown=dict(lay.breakdown))
+            dequant = gpu_dequant
         else:
-            lay = stream_cost(c, share, mapping=self.host_tier, label="flexgen-stream")
-            lay.breakdown["dequant_s"] = 0.0
+            lay = stream_cost(c, share, gpu_extra=gpu_dequant, mapping=self.host_tier, label="flexgen-stream")
+            dequant = gpu_dequant
+        lay.breakdown.update(dequant_s=dequant, gpu_dequant_s=gpu_dequant)
         return with_memory(lay, self.footprint(shape), shape)

@@ -32,6 +32,8 @@ Choices where the paper is silent or which we adapt:
   (method-level use) or ``speculate=False``;
 - the host pool's eviction policy (for host memory limits) is not implemented: the host
   keeps all KV;
+- 'fetched_tokens' / 'fetch_context_tokens' (stats, in the run's metrics): the fraction of the
+  context it fetched, what the cost prices when given (:func:`measured_fetch_fraction`);
 - 'bytes_h2d' counts fetched K/V rows (+ mask); 'bytes_d2h' the KV written to the host
   and the selected indices sent down; 'speculated' counts layers selected from the previous
   layer's input.
@@ -181,11 +183,13 @@ class InfiniGen(TieredMethod):
         n_ctx = self.plen[layer]
         cap = max(0, self.budget.resolve(n_ctx + 1) - 1)
         slot_id = layer % 2
+        self.count("fetch_context_tokens", n_ctx)  # fetched_tokens / this: the fetch fraction
         if cap == 0 or n_ctx == 0:
             self.fetched[layer] = (slot_id, 0)
             return
         score = self.speculative_scores(layer, q)
         n = fetch_count(score, self.alpha, cap)
+        self.count("fetched_tokens", n)
         idx = torch.topk(score, n, dim=-1).indices  # [B, Hkv, n]
         host = self.host[layer]
         idx_h = idx.to(host.device)
@@ -279,12 +283,27 @@ class InfiniGen(TieredMethod):
         return fit_first(self, gpu_kv_bytes, shape, [{}], "its partial keys and fetch slots")
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost (:func:`infinigen_cost`); memory: the footprint."""
+        """PROJECTED layer cost (:func:`infinigen_cost`) at the fetch fraction an emulated run
+        measured (``c.measured['fetch_fraction']``, :func:`measured_fetch_fraction` of its
+        method_stats; at most the budget's cap), else at the budget's cap; the breakdown states
+        which (fetch_fraction, fetch_cap, fetch_measured 1/0). Memory: the footprint."""
         from hybridgen.methods.footprint import with_memory
 
         shape = c.kv_shape()
-        lay = infinigen_cost(c, c.fraction(self.budget), self.partial_weight_ratio, mapping=self.host_tier)
+        cap = c.fraction(self.budget)
+        measured = c.measured.get("fetch_fraction")
+        frac = cap if measured is None else min(float(measured), cap)
+        lay = infinigen_cost(c, frac, self.partial_weight_ratio, mapping=self.host_tier)
+        lay.breakdown.update(fetch_fraction=frac, fetch_cap=cap, fetch_measured=float(measured is not None))
         return with_memory(lay, self.footprint(shape), shape)
+
+
+def measured_fetch_fraction(method_stats: "dict") -> "Optional[float]":
+    """The fraction of the context InfiniGen fetched in a run: its method_stats' fetched_tokens /
+    fetch_context_tokens (every speculative or exact selection of every layer and step, as the
+    run's metrics record them); None when it never fetched."""
+    ctx = float(method_stats.get("fetch_context_tokens", 0))
+    return float(method_stats.get("fetched_tokens", 0)) / ctx if ctx > 0 else None
 
 
 def infinigen_cost(c: "CostContext", budget_ratio: float, partial_ratio: float, mapping: str = "dram") -> "LayerCost":

@@ -83,6 +83,10 @@ def validate(cfg: DictConfig) -> None:
         if int(w.prompt_len) + int(w.gen_len) > positions:
             raise ConfigError(f"workload.prompt_len={w.prompt_len} + workload.gen_len={w.gen_len} exceeds "
                               f"{cfg.model.name}'s {positions} positions; shorten the prompt or the generation")
+        from hybridgen.methods.placement import check_host_capacity, run_kv_shape
+
+        # the store's host tiers (DRAM, spilling to CXL) must hold the method's host bytes
+        check_host_capacity(method, run_kv_shape(cfg.model, cfg.workload), cfg.hardware)
     if cfg.exp.fidelity or (cfg.exp.kind == "accuracy" and cfg.exp.accuracy.fidelity):
         reference_method(cfg.exp.reference)
 

@@ -44,11 +44,12 @@ def make_store(hw: Mapping[str, Any], engine=None, capacities: Optional[Mapping[
                ) -> TieredStore:
     """A fresh TieredStore for one generation from a hardware config (NUMA nodes) and its tier
     ``capacities`` (default: :func:`resolve_capacities` of the config; a run point under
-    memory.gpu_kv passes its Placement's)."""
+    memory.gpu_kv passes its Placement's). DRAM spills to the cxl tier (``TieredStore(spill=True)``):
+    host KV past hardware.dram_capacity lives on CXL, as the projection places it."""
     caps = resolve_capacities(hw, engine) if capacities is None else capacities
     cxl_node = hw.get("cxl_node", "auto")
     return TieredStore(gpu=caps["gpu"], dram=caps["dram"], cxl=caps["cxl"], cxl_node=cxl_node,
-                       dram_node=hw.get("dram_node"))
+                       dram_node=hw.get("dram_node"), spill=True)
 
 
 @torch.no_grad()

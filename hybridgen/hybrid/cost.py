@@ -192,7 +192,7 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     host's read rate, after the wait when pipelined) and the GPU's after-wait work loses the
     k selected rows (one entry per head instead).
     three_way: the oldest f of the host tokens are copied over PCIe a layer ahead (pinned,
-    B*f*S_h*kv_tok bytes) and attended on the GPU; the CPU branch's token-proportional part
+    B*f*S_h*kv_tok bytes, keys and values each at min(link, their tier's read rate)) and attended on the GPU; the CPU branch's token-proportional part
     shrinks by (1 - f) (fixed ops stay); layer = max(CPU branch, GPU path + streamed
     attention, copy). stream_ratio None: the f in [0, 0.9] (step 0.01) that minimises the
     layer, which is where the scheduler's rule (CPU branch = copy) settles when those two
@@ -219,12 +219,13 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
         xfer = new_xfer
         bd.update(h2d_bytes=partial_bytes, transfer_s=new_xfer, partial_s=extra_cpu)
     S_g, S_h = c.split(gpu_budget)
+    tiers = c.tiers(hybridgen_kw.get("mapping", "semantic"))
 
     def compose(f: float) -> Tuple[float, float, float, float]:
         fixed = min(bd.get("fixed_s", 0.0), cpu)
         cpu_f = fixed + (1.0 - f) * (cpu - fixed)
         n = f * S_h
-        copy_f = c.copy(c.B * n * c.kv_tok) if n else 0.0
+        copy_f = c.host_copy(c.B * n * c.kv_tok, tiers) if n else 0.0  # keys and values from their tiers
         gpu_f = gpu + (c.gpu_keys(n) + c.gpu_values(n) if n else 0.0)
         if pipelined and not c.emulated:
             layer = max(cpu_f, gpu_f, copy_f)

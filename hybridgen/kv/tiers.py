@@ -80,6 +80,7 @@ class Tier:
         self.used = 0
         self.peak = 0
         self.num_allocations = 0  # every allocate() call, for amortised-growth checks
+        self.spill: Optional["Tier"] = None  # where an allocation past the capacity lands instead
 
     def allocate(self, shape: Sequence[int], dtype: torch.dtype, owner: str,
                  pinned: Optional[bool] = None) -> torch.Tensor:
@@ -92,6 +93,8 @@ class Tier:
         nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
         pin = self.pinned if pinned is None else (bool(pinned) and self.name != "gpu" and cuda_available())
         if self.capacity is not None and self.used + nbytes > self.capacity:
+            if self.spill is not None:  # DRAM full: the allocation lands on CXL (TieredStore spill)
+                return self.spill.allocate(shape, dtype, owner, pinned=pinned)
             raise CapacityError(
                 f"tier '{self.name}' cannot hold {owner} ({_fmt(nbytes)} more; {_fmt(self.used)} of "
                 f"{_fmt(self.capacity)} used); raise the {self.name} capacity or lower the KV budget")
@@ -115,7 +118,10 @@ class Tier:
         return TierView(self, pinned)
 
     def release(self, t: torch.Tensor) -> None:
-        """Forget an allocation made by :meth:`allocate` (the caller drops its reference)."""
+        """Forget an allocation made by :meth:`allocate` (the caller drops its reference; one
+        that spilled is forgotten by the tier that holds it)."""
+        if id(t) not in self._ledger and self.spill is not None:
+            return self.spill.release(t)
         owner, nbytes = self._ledger.pop(id(t))
         self.used -= nbytes
 
@@ -188,11 +194,13 @@ class TieredStore:
     """The gpu, dram and cxl tiers of one run.
 
     capacities: bytes per tier (None = unlimited). cxl_node: NUMA node of the CXL memory;
-    'auto' picks the first CPU-less node when there is one.
+    'auto' picks the first CPU-less node when there is one. spill: a DRAM allocation past the
+    DRAM capacity lands on the cxl tier (host memory expanded with CXL: the projection's rule,
+    :mod:`hybridgen.perf.host_tiers`); without it the DRAM tier refuses (CapacityError).
     """
 
     def __init__(self, gpu: Optional[int] = None, dram: Optional[int] = None, cxl: Optional[int] = None,
-                 cxl_node: Union[None, int, str] = "auto", dram_node: Optional[int] = None):
+                 cxl_node: Union[None, int, str] = "auto", dram_node: Optional[int] = None, spill: bool = False):
         if cxl_node == "auto":
             cxl_node = numa.cxl_candidate_node()
         self.tiers: Dict[str, Tier] = {
@@ -200,6 +208,8 @@ class TieredStore:
             "dram": Tier("dram", parse_bytes(dram), numa_node=dram_node),
             "cxl": Tier("cxl", parse_bytes(cxl), numa_node=cxl_node),
         }
+        if spill:
+            self.tiers["dram"].spill = self.tiers["cxl"]
 
     def __getitem__(self, name: str) -> Tier:
         if name not in self.tiers:

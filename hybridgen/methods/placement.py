@@ -118,6 +118,42 @@ def store_capacities(hardware: Mapping[str, Any], gpu: Optional[int]) -> Dict[st
             "cxl": parse_bytes(hardware.get("cxl_capacity"))}
 
 
+def check_host_capacity(method: Any, shape: KVShape, hardware: Mapping[str, Any]) -> None:
+    """Refuse in one line (before any model loads) a run whose ``method`` (built, its placement
+    applied) holds more host bytes on ``shape`` than hardware.dram_capacity + cxl_capacity: the
+    store puts DRAM first and spills the rest to CXL (``TieredStore(spill=True)``), the rule of
+    :func:`hybridgen.perf.host_tiers.split_host_bytes`. A method without a footprint passes."""
+    from hybridgen.kv.tiers import _fmt
+    from hybridgen.perf.host_tiers import split_host_bytes
+
+    footprint = getattr(method, "footprint", None)
+    fp = footprint(shape) if callable(footprint) else None
+    if fp is None:
+        return
+    caps = store_capacities(hardware, None)
+    tiers = split_host_bytes(fp.tier_bytes.get("dram", 0), fp.tier_bytes.get("cxl", 0), caps["dram"], caps["cxl"])
+    if not tiers.fits:
+        dram, cxl = caps["dram"] or 0, caps["cxl"] or 0
+        raise ConfigError(f"method {getattr(method, 'name', method)!r} needs {_fmt(int(fp.host_bytes))} of host memory "
+                          f"for this workload, hardware.dram_capacity ({_fmt(dram)}) + hardware.cxl_capacity "
+                          f"({_fmt(cxl)}) hold {_fmt(dram + cxl)}; raise hardware.dram_capacity or "
+                          f"hardware.cxl_capacity, or lower workload.batch / prompt_len / gen_len")
+
+
+def run_kv_shape(model: Mapping[str, Any], workload: Mapping[str, Any]) -> KVShape:
+    """The KVShape of a run config's model and workload nodes (left-padded batch: masked)."""
+    from hybridgen.shapes import ModelShape
+
+    dtype = str(model.get("dtype", "float32"))
+    b = DTYPE_BYTES.get(dtype)
+    if b is None:
+        raise ConfigError(f"unknown model dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")
+    ms = ModelShape.named(str(model.get("name")), weight_bytes=b)
+    layers = int(model.get("num_layers") or ms.num_layers)
+    return KVShape(layers, ms.num_kv_heads, ms.head_dim, b, int(workload.get("batch", 1)),
+                   int(workload.get("prompt_len")) + int(workload.get("gen_len")), int(workload.get("gen_len")))
+
+
 @dataclass(frozen=True)
 class Placement:
     """``memory.gpu_kv`` resolved once for one run point (:func:`resolve_placement`).
@@ -167,13 +203,7 @@ def budget_and_shape(gpu_kv: Union[int, str], hardware: Mapping[str, Any], model
     """(GPU KV bytes, KVShape) of a run config's nodes (see :func:`resolve_placement`)."""
     from hybridgen.shapes import ModelShape
 
-    dtype = str(model.get("dtype", "float32"))
-    b = DTYPE_BYTES.get(dtype)
-    if b is None:
-        raise ConfigError(f"unknown model dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")
-    ms = ModelShape.named(str(model.get("name")), weight_bytes=b)
-    layers = int(model.get("num_layers") or ms.num_layers)
-    g = gpu_kv_bytes(gpu_kv, hardware, ms.weights_bytes(layers))
-    shape = KVShape(layers, ms.num_kv_heads, ms.head_dim, b, int(workload.get("batch", 1)),
-                    int(workload.get("prompt_len")) + int(workload.get("gen_len")), int(workload.get("gen_len")))
+    shape = run_kv_shape(model, workload)
+    ms = ModelShape.named(str(model.get("name")), weight_bytes=shape.dtype_bytes)
+    g = gpu_kv_bytes(gpu_kv, hardware, ms.weights_bytes(shape.layers))
     return g, shape

@@ -18,6 +18,8 @@ One job per module:
   CPU split, PCIe stream, offloaded kept set); each method's ``layer_cost(c)`` calls one with
   its own parameters or prices itself next to its code (None = not modelled);
   HybridGen's own cost lives beside it (:mod:`hybridgen.hybrid.cost`);
+- :mod:`~hybridgen.perf.host_tiers`: a method's host bytes on the profile's DRAM, then CXL, or
+  "does not fit host memory" (:class:`HostTiers`, :func:`host_capacities`);
 - :mod:`~hybridgen.perf.predict`: :func:`predict_step` scales a layer to the model;
 - :mod:`~hybridgen.perf.compare`: projected vs measured error tables (:func:`compare_to_measured`);
 - :mod:`~hybridgen_harness.perf.validate`: the model checked against measurements,
@@ -30,6 +32,7 @@ One job per module:
 from hybridgen.perf.context import CostContext, LayerCost
 from hybridgen.perf.costs import (cpu_attention_split_cost, full_cost, gpu_resident_cost, offloaded_kept_cost,
                                   stream_cost)
+from hybridgen.perf.host_tiers import HostTiers, host_capacities, place_host_bytes
 from hybridgen.perf.predict import NotModelled, StepPrediction, fastest_setting, predict_step
 from hybridgen.perf.profiles import (PROFILE_DIR, CXLSpec, GPUSpec, HardwareProfile, HostSpec, LinkSpec, NodeSpec,
                                      available_profiles, load_profile, profile_from_dict)
@@ -38,7 +41,7 @@ from hybridgen.perf.compare import ErrorRow, ErrorTable, compare_to_measured
 
 __all__ = ["fastest_setting", 
     "CostContext", "LayerCost", "cpu_attention_split_cost", "stream_cost", "full_cost", "gpu_resident_cost",
-    "offloaded_kept_cost",
+    "offloaded_kept_cost", "HostTiers", "host_capacities", "place_host_bytes",
     "NotModelled", "StepPrediction", "predict_step", "PROFILE_DIR", "CXLSpec", "GPUSpec", "HardwareProfile",
     "HostSpec", "LinkSpec", "NodeSpec", "available_profiles", "load_profile", "profile_from_dict", "DTYPE_BYTES",
     "MAPPINGS", "ModelShape", "Workload", "as_model_shape", "ErrorRow", "ErrorTable", "compare_to_measured",

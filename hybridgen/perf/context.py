@@ -17,6 +17,9 @@ on the host (:meth:`CostContext.split` of its ``gpu_budget``).
                  of a layer: the per-layer cost that does not scale with the context)
   overlap(a, b)  = max(a, b); a + b when gpu.emulated_on_host (both branches on the same cores)
   host reads of a tier: keys/values on DRAM or on CXL read at min(kernel rate, tier read bandwidth);
+  spill f (``spill``, :mod:`hybridgen.perf.host_tiers`): the share of the method's DRAM bytes that
+  lives on CXL; a read of n bytes from 'dram' is (1-f)*n from DRAM + f*n from CXL (tier_shares),
+  each at its own rate; a host->GPU copy of them at min(link, tier read) per share (host_copy)
   kernel rates over pinned host memory (``pinned``: where the host KV lives; default: pinned
   whenever the profile has a real GPU, as ``kv/tiers.py`` does) use host.*_pinned_gbps
 
@@ -68,7 +71,11 @@ class CostContext:
 
     Attributes: shape, w (the Workload), hw (the HardwareProfile); B, S, Hq, Hkv, D, b,
     kv_tok, key_tok (bytes, see the module docstring); launch, link_lat (s); rest (s: the
-    layer outside attention), head (s: the LM head), weights_bytes.
+    layer outside attention), head (s: the LM head), weights_bytes; spill: the share of the
+    method's DRAM-placed host bytes that spilled to CXL (0 until ``predict_step`` sets it from
+    the method's footprint, :mod:`hybridgen.perf.host_tiers`); measured: what an emulated run of
+    the method measured, for its cost to price instead of an assumption (e.g. InfiniGen's
+    'fetch_fraction'; ``predict_step(..., measured=...)``; empty: none).
     """
 
     def __init__(self, shape: ModelShape, w: Workload, hw: HardwareProfile):
@@ -98,6 +105,8 @@ class CostContext:
         head_params = shape.vocab_size * shape.hidden_size
         self.head = max(head_params * wb / (g.hbm_gbps * 1e9), 2 * self.B * head_params / (g.matmul_tflops * 1e12))
         self.weights_bytes = shape.weights_bytes()
+        self.spill = 0.0
+        self.measured: Dict[str, float] = {}
 
     def kv_shape(self):
         """This prediction's workload as a :class:`hybridgen.methods.footprint.KVShape`, the
@@ -145,11 +154,15 @@ class CostContext:
     def copy(self, nbytes: float, src_gbps: Optional[float] = None, pageable: bool = False) -> float:
         """A host->GPU copy of nbytes (pinned rate, pageable's when ``pageable``, or the
         source's read rate if slower)."""
-        link = self.hw.link
-        bw = (link.h2d_pageable_gbps or link.h2d_pinned_gbps) if pageable else link.h2d_pinned_gbps
+        bw = self.link_gbps(pageable)
         if src_gbps is not None:
             bw = min(bw, src_gbps)
         return nbytes / (bw * 1e9) + self.link_lat if nbytes > 0 else 0.0
+
+    def link_gbps(self, pageable: bool = False) -> float:
+        """The host->GPU link's copy bandwidth (GB/s): pinned, or pageable's when ``pageable``."""
+        link = self.hw.link
+        return (link.h2d_pageable_gbps or link.h2d_pinned_gbps) if pageable else link.h2d_pinned_gbps
 
     def fixed(self, host_ops: float = 0, gpu_kernels: float = 0, syncs: float = 0) -> float:
         """The per-layer cost that does not scale with the context: host ops x host.op_us +
@@ -239,13 +252,45 @@ class CostContext:
             return self.hw.cxl.read_gbps
         return 2 / (1 / dram + 1 / self.hw.cxl.read_gbps)
 
+    def tier_shares(self, tier: str) -> Tuple[Tuple[str, float], ...]:
+        """Where the bytes a cost reads from ``tier`` (as c.tiers names it) live: ((tier, share),
+        ...); 'dram' with a spill f > 0 onto a CXL node is ((dram, 1-f), (cxl, f))."""
+        if tier == "dram" and self.spill > 0 and self.hw.cxl is not None:
+            return (("cxl", 1.0),) if self.spill >= 1 else (("dram", 1.0 - self.spill), ("cxl", self.spill))
+        return ((tier, 1.0),)
+
+    def host_rates(self) -> Dict[str, float]:
+        """The breakdown's statement of the host tiers a cost read: the spill fraction and the
+        DRAM / CXL read bandwidths (GB/s; CXL 0 without a CXL node)."""
+        return {"cxl_spill_fraction": self.spill, "dram_gbps": self.hw.host.dram_read_gbps,
+                "cxl_gbps": self.hw.cxl.read_gbps if self.hw.cxl is not None else 0.0}
+
     def stream_time(self, nbytes: float, kernel_gbps: float, tier: str) -> float:
-        """A dense host pass over nbytes on ``tier`` by a kernel that runs at kernel_gbps."""
-        return nbytes / (min(kernel_gbps, self.tier_read(tier)) * 1e9)
+        """A dense host pass over nbytes on ``tier`` by a kernel that runs at kernel_gbps (each
+        share of :meth:`tier_shares` at min(kernel, its tier's read bandwidth))."""
+        return sum(nbytes * s / (min(kernel_gbps, self.tier_read(t)) * 1e9) for t, s in self.tier_shares(tier))
+
+    def host_copy(self, nbytes: float, tier: Placement, pageable: bool = False) -> float:
+        """A host->GPU copy of nbytes that live on ``tier`` (or, for a (key tier, value tier)
+        pair, half on each): each share of :meth:`tier_shares` at min(link, its tier's read
+        bandwidth), one link latency."""
+        halves = tier if isinstance(tier, tuple) else (tier,)
+        shares: Dict[str, float] = {}
+        for h in halves:
+            for t, s in self.tier_shares(h):
+                shares[t] = shares.get(t, 0.0) + s / len(halves)
+        if nbytes <= 0 or len(shares) == 1:
+            return self.copy(nbytes, self.tier_read(next(iter(shares))), pageable)
+        link = self.link_gbps(pageable)
+        return sum(nbytes * s / (min(link, self.tier_read(t)) * 1e9) for t, s in shares.items()) + self.link_lat
 
     def gather_time(self, rows: float, row_bytes: float, tier: str) -> float:
-        """A host gather of ``rows`` rows of row_bytes each on ``tier``, at the slower of the tier's
-        read bandwidth and host.gather_gbps (random rows) (+ the CXL latency term)."""
+        """A host gather of ``rows`` rows of row_bytes each on ``tier`` (each share of
+        :meth:`tier_shares`: its rows at the slower of the tier's read bandwidth and
+        host.gather_gbps (random rows), + the CXL latency term)."""
+        return sum(self._gather_one(rows * s, row_bytes, t) for t, s in self.tier_shares(tier))
+
+    def _gather_one(self, rows: float, row_bytes: float, tier: str) -> float:
         bw = self.tier_read(tier)
         if self.hw.host.gather_gbps:
             bw = min(bw, self.hw.host.gather_gbps)

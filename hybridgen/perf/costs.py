@@ -24,12 +24,15 @@ S_g, S_h = c.split(gpu_share); r = a budget's fraction of the context (c.fractio
   offloaded kept KV (offload='stream', "H2O on FlexGen"): n = tokens streamed (the kept set,
                   or what the method says it streams), xfer = copy(B*n*kv_tok) at the host tier's rate
                   (K and V), gpu = the resident method's attention; layer = max(xfer, rest + gpu)
-                  (next layer prefetched);  (offload='cpu'): the step on the host, after the
+                  (next layer prefetched: the overlap);  (offload='cpu'): the step on the host, after the
                   GPU's projections: cpu = B*n_read*kv_tok / cpu_attention rate + the method's
                   own host passes + SPLIT_HOST_OPS*op_us + q,k,v down, out up; layer = rest + cpu
 
 Host placement: the host-KV methods here default to DRAM ('dram'); HybridGen's own cost
-(:mod:`hybridgen.hybrid.cost`) to 'semantic'; a workload's ``mapping`` overrides both.
+(:mod:`hybridgen.hybrid.cost`) to 'semantic'; a workload's ``mapping`` overrides both. Every
+host read goes through CostContext.stream_time / gather_time / host_copy, which read the share
+of a 'dram' tier that spilled past the DRAM capacity at the CXL rate
+(:mod:`hybridgen.perf.host_tiers`); predict_step's breakdown states the split and the rates.
 """
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ def stream_cost(c: CostContext, gpu_share: float, wire_bytes: Optional[float] = 
     S_g, S_h = c.split(gpu_share)
     key_tier, _ = c.tiers(mapping)
     nbytes = c.B * S_h * (c.kv_tok if wire_bytes is None else wire_bytes)
-    xfer = c.copy(nbytes / 2, c.tier_read(key_tier)) * 2 if nbytes else 0.0  # K and V, one copy each
+    xfer = c.host_copy(nbytes / 2, key_tier) * 2 if nbytes else 0.0  # K and V, one copy each
     parts = int(S_g > 0) + int(S_h > 0)
     fixed = c.fixed(gpu_kernels=parts * (PARTIAL_KERNELS - 1) + (MERGE_KERNELS if parts == 2 else 0))
     gpu = c.gpu_attn(S_g) + c.gpu_attn(S_h) - (2 - parts) * c.launch + gpu_extra + fixed
@@ -122,25 +125,29 @@ def offloaded_kept_cost(c: CostContext, resident: LayerCost, streamed_tokens: fl
     resident: the method's GPU-resident cost (its GPU attention and own work); streamed_tokens:
     KV tokens per sequence copied each layer-step ('stream'); read_tokens: KV tokens per
     sequence the host reads when the step runs on the CPU ('cpu'); host_extra_bytes: the
-    method's other host passes per layer ('cpu': scores, page bounds), read at DRAM rate.
+    method's other host passes per layer ('cpu': scores, page bounds), read at the host tier's
+    rate (its spill included). The breakdown states streamed_tokens / read_tokens and
+    ``overlapped`` (1: the copy hides behind the compute, 'stream'; 0: 'cpu').
     """
     key_tier, value_tier = c.tiers(mapping)
     label = resident.label + "-offload-" + mode
     if mode == "stream":
         nbytes = c.B * streamed_tokens * c.kv_tok
-        xfer = c.copy(nbytes / 2, c.tier_read(key_tier)) + c.copy(nbytes / 2, c.tier_read(value_tier)) if nbytes else 0.0
+        xfer = c.host_copy(nbytes / 2, key_tier) + c.host_copy(nbytes / 2, value_tier) if nbytes else 0.0
         gpu = resident.attn
-        bd = dict(resident.breakdown, h2d_bytes=nbytes, transfer_s=xfer)
+        bd = dict(resident.breakdown, h2d_bytes=nbytes, transfer_s=xfer, streamed_tokens=streamed_tokens,
+                  overlapped=1.0)  # the copy hidden behind the layer's compute: layer = max(...)
         return LayerCost(attn=xfer + gpu, layer=max(xfer, c.rest + gpu), gpu=c.rest + gpu, transfer=xfer,
                          gpu_tokens=0.0, staging_tokens=2 * streamed_tokens, breakdown=bd, label=label)
     rate = c.cpu_attention_rate()
     half = c.B * read_tokens * c.key_tok
     cpu_attn = c.stream_time(half, rate, key_tier) + c.stream_time(half, rate, value_tier)
-    extra = host_extra_bytes / (c.hw.host.dram_read_gbps * 1e9)
+    extra = c.stream_time(host_extra_bytes, c.hw.host.dram_read_gbps, key_tier)  # on the host tier, with it
     small = c.B * (c.Hq + 2 * c.Hkv) * c.D * c.b  # q, k, v down
     xfer = c.copy(small) + c.copy(c.B * c.Hq * c.D * c.b)  # ... and the output up
     cpu = cpu_attn + extra + c.fixed(host_ops=SPLIT_HOST_OPS) + xfer
     bd = {"cpu_attn_s": cpu_attn, "host_extra_s": extra, "transfer_s": xfer, "rest_s": c.rest,
-          "h2d_bytes": c.B * c.Hq * c.D * c.b, "host_kv_bytes": 2 * half}
+          "h2d_bytes": c.B * c.Hq * c.D * c.b, "host_kv_bytes": 2 * half, "read_tokens": read_tokens,
+          "overlapped": 0.0}  # the step runs on the host after the GPU's projections
     return LayerCost(attn=cpu, layer=c.rest + cpu, cpu=cpu, gpu=c.rest, transfer=xfer, gpu_tokens=0.0,
                      breakdown=bd, label=label)
