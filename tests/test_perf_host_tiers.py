@@ -39,9 +39,19 @@ def test_h200_host_states_the_measured_128_gib_of_dram():
     assert dram == 128 * GiB and cxl == load_profile("h200-host-cxl").cxl.capacity_gb * 1e9 > 0
 
 
+def _hardware_config(name: str) -> dict:
+    """conf/hardware/<name>.yaml with the configs its defaults list names merged under it (as Hydra does)."""
+    raw = yaml.safe_load((ROOT / "conf" / "hardware" / f"{name}.yaml").read_text())
+    merged: dict = {}
+    for parent in raw.pop("defaults", []):
+        if parent != "_self_":
+            merged.update(_hardware_config(parent))
+    return {**merged, **raw}
+
+
 @pytest.mark.parametrize("config", sorted(p.stem for p in (ROOT / "conf" / "hardware").glob("*.yaml")))
 def test_hardware_config_capacities_are_its_profiles(config):
-    hw = yaml.safe_load((ROOT / "conf" / "hardware" / f"{config}.yaml").read_text())
+    hw = _hardware_config(config)
     if hw.get("profile") is None:
         assert hw["dram_capacity"] is None and hw["cxl_capacity"] is None
         return

@@ -61,5 +61,4 @@ def project(method: Union[str, Any], params: Optional[Mapping[str, Any]], spec, 
     return {"projected": True, "status": "ok", "profile": p.profile, "method": p.method, "perf_cost": p.cost,
             "workload": kw, "step_s": p.total_s, "decode_tokens_per_s": p.tokens_per_s(int(batch)),
             "cpu_branch_s": p.cpu_branch_s, "gpu_branch_s": p.gpu_branch_s, "transfer_s": p.transfer_s,
-            "fits_gpu": p.fits_gpu, "fits_host": bool(getattr(p, "fits_host", True)),
-            "host_bytes": dict(getattr(p, "host_bytes", None) or {})}
+            "fits_gpu": p.fits_gpu, "fits_host": p.fits_host, "host_bytes": dict(p.host_bytes)}
