@@ -138,6 +138,7 @@ def build_profile(cfg: ProfileConfig, name: str, quick: bool) -> Dict[str, Any]:
             "cpu_attention_pinned_gbps": cpu["cpu_attention_pinned_gbps"],
             "key_sketch_gbps": cpu["key_sketch_gbps"],
             "select_gbps": cpu["select_gbps"],
+            "key_scan_bf16dot_gbps": cpu["key_scan_bf16dot_gbps"],
             "numa_nodes": [{"node": n["node"], "kind": n["kind"], "read_gbps": n.get("read_gbps"),
                             "capacity_gb": n.get("capacity_gb")} for n in nodes],
         },
@@ -178,6 +179,7 @@ def _summary(p: Dict[str, Any]) -> str:
             ("key sketch scan GB/s", json.dumps(h.get("key_sketch_gbps") or {})),
             ("top-k GB/s", h["topk_gbps"]),
             ("fused selection GB/s", h.get("select_gbps")),
+            ("bf16-dot selection scan GB/s", h.get("key_scan_bf16dot_gbps")),
             ("H2D pinned / pageable GB/s", f"{lk['h2d_pinned_gbps']} / {lk['h2d_pageable_gbps']}"),
             ("GPU HBM / attention GB/s", f"{g['hbm_gbps']} / {g['attention_gbps']}")]
     return "\n".join(f"  {k:30s} {v}" for k, v in rows)

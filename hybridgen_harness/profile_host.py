@@ -130,6 +130,7 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
 
     names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     attn, scan, scan_backend, topk, group, gather, sketch, select_rate = {}, {}, {}, None, None, None, {}, None
+    bf16dot: Optional[float] = None
     attn_pinned: Dict[str, float] = {}
     scan_pinned: Dict[str, float] = {}
     scale = 1 / math.sqrt(sh["head_dim"])
@@ -158,6 +159,8 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
                 (lambda: attention_logits(q, kp, scale))
             scan_pinned[name] = gbps(k.numel() * k.element_size(), median_time(pfn, cfg.reps))
             del kp, vp
+        if name == "bf16":
+            bf16dot = _bf16dot_scan_gbps(q, k, scale, cfg.reps)
         if not sketch:  # the sketch scan reads its codes, whatever the keys' dtype
             sketch = _sketch_gbps(q, k, cfg.reps)
             select_rate = _select_gbps(q, k, cfg.reps)
@@ -172,7 +175,20 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
     return {"cpu_attention_gbps": attn, "key_scan_gbps": scan, "key_scan_backend": scan_backend, "topk_gbps": topk,
             "group_score_gbps": group, "gather_gbps": gather, "key_scan_pinned_gbps": scan_pinned,
             "cpu_attention_pinned_gbps": attn_pinned, "key_sketch_gbps": sketch, "select_gbps": select_rate,
+            "key_scan_bf16dot_gbps": bf16dot,
             "op_us": measure_op_us(cfg.reps)}
+
+
+def _bf16dot_scan_gbps(q: torch.Tensor, keys: torch.Tensor, scale: float, reps: int) -> Optional[float]:
+    """GB/s of bf16 keys [B, Hkv, T, D] through the bf16-dot selection scan (HybridGen's default
+    ``scan``; None where the C kernels are not built)."""
+    from hybridgen.attention import native
+    from hybridgen.attention.cpu_scan import scan_logits_stats
+
+    if native.lib() is None:
+        return None
+    return gbps(keys.numel() * keys.element_size(),
+                median_time(lambda: scan_logits_stats(q, keys, scale, precision="bf16dot"), reps))
 
 
 def _group_score_gbps(logits: torch.Tensor, kv_heads: int, reps: int) -> Optional[float]:

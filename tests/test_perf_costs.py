@@ -176,6 +176,10 @@ def test_hybridgen_bf16dot_scan_prices_the_rerank_at_the_assumed_scan_rate():
     assert got["fixed_s"] - exact["fixed_s"] == pytest.approx(BF16DOT_HOST_OPS * hw.host.op_us * 1e-6)
     more = predict_step(dataclasses.replace(dot, scan_oversample=2.0), "llama-3.1-8b", work, hw).breakdown
     assert more["rerank_s"] > got["rerank_s"]
+    fast = dataclasses.replace(hw, host=dataclasses.replace(hw.host, key_scan_bf16dot_gbps=1000.0))
+    measured = predict_step(dot, "llama-3.1-8b", work, fast).breakdown  # a profile that measured the scan
+    assert measured["scan_rate_measured"] is True and measured["scan_rate_gbps"] == 1000.0
+    assert measured["scan_s"] < got["scan_s"] and measured["rerank_s"] == pytest.approx(got["rerank_s"])
     fp32 = Workload(batch=8, context=32768, dtype="fp32")
     assert (predict_step(dot, "llama-3.1-8b", fp32, hw).breakdown
             == predict_step(dataclasses.replace(dot, scan="exact"), "llama-3.1-8b", fp32, hw).breakdown)

@@ -94,8 +94,8 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     the keys' last, partial block is scanned exactly (the sketch holds whole blocks), and the
     branch pays SKETCH_HOST_OPS more host ops;
     scan='bf16dot' (bf16 keys only, as :func:`~hybridgen.hybrid.host_branch.scan_precision`):
-    the keys are scanned at the exact key scan's rate (an assumption: the profiles hold no
-    rate of the bf16-dot scan, ``scan_rate_measured`` False) and ceil(scan_oversample * k)
+    the keys are scanned at host.key_scan_bf16dot_gbps where the profile measured it, else at
+    the pageable key scan's rate (an assumption: ``scan_rate_measured`` False), and ceil(scan_oversample * k)
     candidates' exact key rows are read and re-ranked (``rerank_s``), + BF16DOT_HOST_OPS;
     fused_select: the selection is the code's fused C pass (host.select_gbps where the profile
     has it); False prices torch's group score + top-k (the H200 probe's plain-torch step).
@@ -125,8 +125,8 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     else:
         scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
         exact_tail = 0.0
-        if scan == "bf16dot" and c.w.dtype_key == "bf16":  # priced at the exact scan's rate: assumed
-            rate_measured = False
+        if scan == "bf16dot" and c.w.dtype_key == "bf16":  # its own rate where the profile measured it
+            scan_rate, rate_measured = c.bf16dot_scan_rate(pinned)
             rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier)
             host_ops += BF16DOT_HOST_OPS
     scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail

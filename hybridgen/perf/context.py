@@ -187,6 +187,12 @@ class CostContext:
             return host.key_scan_pinned_gbps[self.w.dtype_key]
         return self.rate(host.key_scan_gbps, host.dram_read_gbps)
 
+    def bf16dot_scan_rate(self, pinned: Optional[bool] = None) -> Tuple[float, bool]:
+        """(GB/s of bf16 keys through the bf16-dot selection scan, measured):
+        host.key_scan_bf16dot_gbps, else the key scan's rate (an assumption: measured False)."""
+        got = self.hw.host.key_scan_bf16dot_gbps
+        return (got, True) if got else (self.scan_rate(pinned), False)
+
     def sketch_rate(self, kind: str) -> Tuple[float, bool]:
         """(GB/s of key-sketch bytes the sketch scan reads, measured): host.key_sketch_gbps[kind],
         else the pageable key scan's rate (an assumption: measured False)."""

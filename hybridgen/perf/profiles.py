@@ -85,7 +85,9 @@ class HostSpec:
     empty: the key scan's bytes/s, an assumption the cost's breakdown names); select_gbps:
     bytes/s of fp32 logits through the code's fused selection (group score + top-k in one C
     pass, ``cpu_scan.select``; None: the group score and top-k rates, which describe torch's
-    ``group_scores`` + ``topk``).
+    ``group_scores`` + ``topk``); key_scan_bf16dot_gbps: bytes/s of bf16 keys through
+    HybridGen's bf16-dot selection scan (``scan='bf16dot'``, the default on bf16 keys; None: not
+    measured on this host, priced at the bf16 key scan's rate, an assumption the cost names).
     """
 
     cpu: Optional[str]
@@ -103,6 +105,7 @@ class HostSpec:
     gather_gbps: Optional[float] = None
     key_sketch_gbps: Dict[str, float] = field(default_factory=dict)
     select_gbps: Optional[float] = None
+    key_scan_bf16dot_gbps: Optional[float] = None
 
 
 @dataclass(frozen=True)
