@@ -51,6 +51,8 @@ class H2O(EvictingMethod):
     """
 
     name: ClassVar[str] = "h2o"
+    # no rows in the model's validation on this machine (local_rows.py): its prefill accumulates
+    # every prompt token's attention (T x T per head), ~1-2 min per run at the validation's 8K shapes
     recent_fraction: Fraction = 0.5
     chunk: PositiveInt = 256
 

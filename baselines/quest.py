@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -53,6 +53,10 @@ class Quest(EvictingMethod):
     """
 
     name: ClassVar[str] = "quest"
+    # rows of the model's validation on this machine (hybridgen_harness/perf/local_rows.py), labelled
+    # by the cost that prices them: GPU-resident, and offloaded (streamed one layer ahead)
+    validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (
+        ("quest", {}), ("quest-offload-stream", {"offload": "stream"}))
     page_size: PositiveInt = 16
     dense_layers: NonNegInt = 2
 

@@ -24,7 +24,7 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, List, Literal, Optional
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +78,10 @@ class SnapKV(EvictingMethod):
     """
 
     name: ClassVar[str] = "snapkv"
+    # rows of the model's validation on this machine (hybridgen_harness/perf/local_rows.py), labelled
+    # by the cost that prices them: GPU-resident, and offloaded (streamed one layer ahead)
+    validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (
+        ("snapkv", {}), ("snapkv-offload-stream", {"offload": "stream"}))
     window: PositiveInt = 32
     kernel: PositiveInt = 7
     pooling: Literal["max", "avg"] = "max"

@@ -31,7 +31,7 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -59,6 +59,10 @@ class StreamingLLM(EvictingMethod):
     (sinks included); sinks: leading real tokens always kept; shift_positions: False = naive."""
 
     name: ClassVar[str] = "streamingllm"
+    # rows of the model's validation on this machine (hybridgen_harness/perf/local_rows.py), labelled
+    # by the cost that prices them: GPU-resident, and offloaded (streamed one layer ahead)
+    validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (
+        ("streamingllm", {}), ("streamingllm-offload-stream", {"offload": "stream"}))
     sinks: NonNegInt = 4
     shift_positions: bool = True
 

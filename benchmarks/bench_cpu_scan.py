@@ -191,10 +191,10 @@ def run(args, threads: int, data: dict) -> dict:
             q, keys[i], vals, scale, k_sel, False, sketch=sketches[kd][i], pool=pool, v_out=v_out,
             oversample=args.oversample))(kind)
     branch_fns["default branch"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool, v_out=v_out)
-    if DEFAULT.branch_pieces > 1:  # the same branch unpipelined, side by side
-        serial = dataclasses.replace(DEFAULT, branch_pieces=1)
-        branch_fns["default branch serial"] = lambda i: default_branch(q, keys[i], vals, k_sel, serial, pool=pool,
-                                                                       v_out=v_out)
+    # the same branch the other way, side by side: pipelined over the batch rows, or serial
+    other = dataclasses.replace(DEFAULT, branch_pieces=1 if DEFAULT.branch_pieces > 1 else B)
+    other_name = "default branch serial" if DEFAULT.branch_pieces > 1 else f"default branch pipelined x{B}"
+    branch_fns[other_name] = lambda i: default_branch(q, keys[i], vals, k_sel, other, pool=pool, v_out=v_out)
     fns.update(branch_fns)
     load0 = os.getloadavg()
     secs = rounds(fns, args.reps, args.copies)

@@ -82,16 +82,15 @@ def preset_of(m: Dict[str, Any]) -> str:
 
 def model_error(cost: Optional[str], validation: Optional[Dict[str, Any]]) -> Optional[float]:
     """Largest |error| (%) of the model on the validation rows that check ``cost`` (None: none do)."""
-    keys = VALIDATED_BY.get(cost or "")
-    if not keys or not validation:
+    keys = VALIDATED_BY.get(cost or "", ())
+    if not cost or not validation:
         return None
     errs = []
     for row in validation.get("rows", []):
-        for k in keys:
-            hit = row.get("method") == k[7:] if k.startswith("method:") else k in row.get("name", "")
-            if hit and row.get("error_pct") is not None and not row.get("fitted"):
-                errs.append(abs(float(row["error_pct"])))
-                break
+        hit = row.get("method") == cost or any(  # a row labelled by the cost that prices it (local_rows.py)
+            row.get("method") == k[7:] if k.startswith("method:") else k in row.get("name", "") for k in keys)
+        if hit and row.get("error_pct") is not None and not row.get("fitted"):
+            errs.append(abs(float(row["error_pct"])))
     return max(errs) if errs else None
 
 

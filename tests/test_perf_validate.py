@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +40,8 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
     rows = res["rows"]
     assert {r["source"] for r in rows} == {"this-machine"}
     assert {r["method"] for r in rows} == {"full", "hybrid-exact", "hybridgen", "hybridgen-sketch-int4", "flexgen-stream",
-                                           "flexgen-cpu"}
+                                           "flexgen-cpu", "infinigen", "snapkv", "snapkv-offload-stream", "quest",
+                                           "quest-offload-stream", "streamingllm", "streamingllm-offload-stream"}
     for r in rows:
         assert {"name", "source", "predicted_s", "measured_s", "error_pct"} <= set(r)
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
@@ -69,3 +72,31 @@ def test_probe_rows_cover_the_headline_measurements_within_25pct():
         assert abs(by_name[name].error_pct) <= 25, name
     assert by_name["GQA L=8192 90% host: HybridGen step"].fitted == ""    # an independent check
     assert any("KT" in r["name"] for r in not_modelled)                     # the transposed layout is not priced
+
+
+def test_every_baseline_declares_rows_of_its_own_and_keeps_its_budget():
+    """The validation measures each baseline's cost on this machine (labelled by the cost that
+    prices it); a subclass does not inherit its parent's rows; only split methods get gpu_budget."""
+    from hybridgen_harness.perf.local_rows import validation_methods
+
+    rows = {label: (name, params) for label, name, params in validation_methods()}
+    for label in ("snapkv", "snapkv-offload-stream", "streamingllm",
+                  "streamingllm-offload-stream", "quest", "quest-offload-stream", "infinigen"):
+        assert label in rows and "gpu_budget" not in rows[label][1], label
+    assert rows["snapkv"][0] == "snapkv"  # not PyramidKV's inherited copy
+    assert not any(name == "pyramidkv" for name, _ in rows.values())
+    assert rows["flexgen-stream"][1]["gpu_budget"] == 0.1
+
+
+def test_a_cost_is_validated_by_the_rows_labelled_with_it():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments.paper_speedup import model_error
+
+    validation = {"rows": [{"name": "h2o B=1", "method": "h2o", "error_pct": -30.0},
+                           {"name": "h2o B=2", "method": "h2o", "error_pct": 12.0},
+                           {"name": "h2o-offload-stream B=1", "method": "h2o-offload-stream", "error_pct": 99.0},
+                           {"name": "x", "method": "quest", "error_pct": 5.0, "fitted": "host.op_us"}]}
+    assert model_error("h2o", validation) == 30.0
+    assert model_error("h2o-offload-stream", validation) == 99.0
+    assert model_error("quest", validation) is None  # a fitted row validates nothing
+    assert model_error("snapkv", validation) is None and model_error(None, validation) is None

@@ -24,6 +24,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -152,8 +153,10 @@ def _sync() -> None:
 
 def validation_methods() -> List[Tuple[str, str, Dict[str, Any]]]:
     """(label, registered method, parameters) of every row: the library's (:data:`LIBRARY_METHODS`),
-    then, in registry order, each registered method whose class declares ``validation_rows``
-    (a tuple of (label, parameters)), its parameters on top of ``gpu_budget=GPU_BUDGET``."""
+    then, in registry order, each registered method whose class itself declares ``validation_rows``
+    (a tuple of (label, parameters)), its parameters on top of ``gpu_budget=GPU_BUDGET`` where
+    the method has that parameter (a split method: 90% of the KV on the host); a method keeping a
+    budget (the evicting methods, InfiniGen) runs at its own default budget."""
     from hybridgen.methods.registry import available_methods, method_class
 
     out = list(LIBRARY_METHODS)
@@ -161,8 +164,10 @@ def validation_methods() -> List[Tuple[str, str, Dict[str, Any]]]:
     for name in available_methods():
         if name in library:
             continue
-        for label, params in getattr(method_class(name), "validation_rows", ()):
-            out.append((label, name, {"gpu_budget": GPU_BUDGET, **params}))
+        cls = method_class(name)
+        split = {"gpu_budget": GPU_BUDGET} if "gpu_budget" in {f.name for f in dataclasses.fields(cls)} else {}
+        for label, params in cls.__dict__.get("validation_rows", ()):  # its own rows, not a parent's
+            out.append((label, name, {**split, **params}))
     return out
 
 
