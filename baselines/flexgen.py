@@ -82,7 +82,8 @@ class FlexGen(TieredMethod):
     # the per-layer runs `python -m hybridgen_harness.perf.validate` times against the projection
     # (hybridgen_harness.perf.local_rows.validation_methods): (row label, parameters on top of its gpu share)
     validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (
-        ("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}))
+        ("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}),
+        ("flexgen-int4", {"compress_kv": True, "compress_gpu_kv": True}))
     gpu_budget: Budget = Budget(ratio=0.0)
     host_tier: Literal["dram", "cxl"] = "dram"
     attention_on: Literal["gpu", "cpu"] = "gpu"

@@ -40,7 +40,7 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
     rows = res["rows"]
     assert {r["source"] for r in rows} == {"this-machine"}
     assert {r["method"] for r in rows} == {"full", "hybrid-exact", "hybridgen", "hybridgen-sketch-int4", "flexgen-stream",
-                                           "flexgen-cpu", "infinigen", "snapkv", "snapkv-offload-stream", "quest",
+                                           "flexgen-cpu", "flexgen-int4", "infinigen", "snapkv", "snapkv-offload-stream", "quest",
                                            "quest-offload-stream", "streamingllm", "streamingllm-offload-stream"}
     for r in rows:
         assert {"name", "source", "predicted_s", "measured_s", "error_pct"} <= set(r)
