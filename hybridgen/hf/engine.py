@@ -29,6 +29,7 @@ from hybridgen.hf.attention import ATTN_IMPLEMENTATION, DECODE, BackendRun, meth
 from hybridgen.hf.model_view import ModelView
 from hybridgen.methods import KVMethod, MethodContext
 from hybridgen.model.engine import Engine
+from hybridgen.model.text_io import TextIO
 
 
 @dataclass
@@ -89,18 +90,15 @@ def spec_of_config(config, name: str, params: int = 0) -> HFModelSpec:
         pad_token_id=_first_id(getattr(c, "pad_token_id", None)), name=name)
 
 
-class HFEngine:
+class HFEngine(TextIO):
     """A transformers causal LM with pluggable per-layer KV methods (the lean Engine's interface).
 
     model: an ``AutoModelForCausalLM`` (switched to the ``"hybridgen"`` attention implementation,
     which without a bound method is transformers' sdpa); tokenizer: an HF tokenizer or None.
     """
 
-    # the text helpers, input checks and the generation loop are the lean engine's, unchanged:
+    # the input checks and the generation loop are the lean engine's, unchanged (text: TextIO):
     # they read only ``spec``, ``device``, ``name``, ``tokenizer`` and the methods below
-    encode = Engine.encode
-    decode_text = Engine.decode_text
-    _need_tokenizer = Engine._need_tokenizer
     _prepare = Engine._prepare
     _method = Engine._method
     _decode_input = Engine._decode_input

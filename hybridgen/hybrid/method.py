@@ -79,9 +79,8 @@ class HybridGen(KVMethod):
     scan / scan_oversample: the selection scan of bf16 host keys: 'bf16dot' (bf16 x bf16 products, fp32
         sums; ceil(scan_oversample * k) candidates re-ranked by exact fp32 logits) or 'exact'; keys of
         other dtypes are scanned exactly (hybrid.host_branch.scan_precision).
-    branch_pieces: the CPU branch runs over this many slices of the batch, pipelined on the pool's
-        threads (one thread's scan overlaps another's selection and gather; the same selection
-        as the serial branch, hybrid.host_branch.pipelined_host_branch); 1: serial.
+    branch_pieces: the CPU branch over this many batch slices, pipelined on the pool's threads (the
+        serial branch's selection; hybrid.host_branch.pipelined_host_branch; docs/hybridgen.md); 1: serial.
     key_sketch / sketch_oversample: scan an int8/int4 sketch of the host keys (its tail as ``scan``
         says), take ceil(sketch_oversample * k) candidates and keep the k best by exact logits
         (hybridgen.attention.key_sketch; recall on SmolLM2's keys: results/hybridgen_fidelity).
@@ -251,12 +250,12 @@ class HybridGen(KVMethod):
         Hsel = Hq if self.per_head else self.ctx.num_kv_heads
         views = self.packer.views((layer, "ship"), B, Hq, Hsel, min(k, hi - lo), D, host.v.dtype)
         sketch = self.parts.scan.sketch(layer, host)
-        sel = pipelined_host_branch(q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k,
-                                    self.per_head, self.branch_pieces, mask=mask, keep_keys=keep_keys,
-                                    backend=self.scan_backend, topk_backend=self.topk_backend,
-                                    group_score=self.group_score, v_out=views.get("v"), pool=self.pool,
-                                    sketch=sketch, sketch_offset=lo, precision=self.parts.scan.precision,
-                                    oversample=self.sketch_oversample if sketch is not None else self.scan_oversample)
+        sel = pipelined_host_branch(
+            q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k, self.per_head, self.branch_pieces,
+            mask=mask, keep_keys=keep_keys, backend=self.scan_backend, topk_backend=self.topk_backend,
+            group_score=self.group_score, v_out=views.get("v"), pool=self.pool, sketch=sketch, sketch_offset=lo,
+            precision=self.parts.scan.precision,
+            oversample=self.sketch_oversample if sketch is not None else self.scan_oversample)
         sel.offset = lo
         shipped, ev = self._finish(layer, sel, q_host, views) if true_query else (None, None)
         return sel, time.perf_counter() - t0, shipped, ev, views
@@ -346,8 +345,7 @@ class HybridGen(KVMethod):
         return self.packer.softmax_part(shipped)
 
     def ship_bytes_per_step(self) -> float:
-        """Mean bytes the CPU branch shipped over PCIe per decode step (all layers; streamed
-        slices and KV moves excluded): logits + V rows, or [out, lse] (``ship``)."""
+        """Mean PCIe bytes shipped by the CPU branch per decode step (all layers; see ``ship``)."""
         return self.stats["ship_bytes"] / max(1, self.stats["decode_steps"])
 
     # ------------------------------------------------------------------ step end, scheduler
@@ -367,21 +365,18 @@ class HybridGen(KVMethod):
         for l in range(L):
             sched.record(l, cpu_s[l], gpu_s[l])
             sched.record_stream(l, cpu_s[l], self._flows[l][0], copy_s[l], self._flows[l][1])
-            self._flows[l] = [0, 0]
             self.stats["cpu_branch_s"] += cpu_s[l]
             self.stats["gpu_branch_s"] += gpu_s[l]
-        cos_mean = self.quality.mean()
-        if cos_mean is not None:
+        self._flows = [[0, 0] for _ in range(L)]
+        if (cos_mean := self.quality.mean()) is not None:
             self.stats["stand_in_cos_mean"] = cos_mean
         if self.host[0] is not None:
             sched.set_host_tokens(self.host[0].length)
         decisions = sched.end_step()
         self.trace["scheduler"].extend(decisions)
-        for d in decisions:
-            if d["knob"] == "gpu_window":
-                layers = range(L) if d["layer"] == "all" else [d["layer"]]
-                for l in layers:
-                    self._resize_window(l, d["new"])
+        for d in (d for d in decisions if d["knob"] == "gpu_window"):
+            for l in (range(L) if d["layer"] == "all" else [d["layer"]]):
+                self._resize_window(l, d["new"])
 
     def _resize_window(self, layer: int, new_window: int) -> None:
         """Move the GPU/host split: the GPU's recent window becomes ``new_window`` tokens."""
