@@ -3,8 +3,6 @@ a SIGKILL in the middle of a sweep and its resume, damaged metrics files, a fail
 run identity (realized hardware, code version) and the unlimited fidelity reference."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -22,24 +20,12 @@ if str(ROOT) not in sys.path:
 
 from hybridgen_harness import result_tables, results  # noqa: E402
 from hybridgen.errors import ConfigError  # noqa: E402
+from tests._inprocess import run_main as _main  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "NUMBA_THREADING_LAYER": "workqueue", "OMP_NUM_THREADS": "1"}
 TINY = ["model.weights=random", "model.num_layers=1", "workload.source=random", "workload.prompt_len=8",
         "workload.gen_len=3", "exp.warmup=false", "progress=false"]
-
-
-def _main(argv):
-    """experiments/run.py in this process: (exit status, stdout, stderr)."""
-    from experiments import run
-
-    out, err, saved = io.StringIO(), io.StringIO(), list(sys.argv)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = run.main(list(argv))
-    finally:
-        sys.argv[:] = saved
-    return rc, out.getvalue(), err.getvalue()
 
 
 # ------------------------------------------------------------------------------ the lock

@@ -2,8 +2,6 @@
 a re-run of a finished sweep launches no job and says ``skip (done): <run dir>`` for each point,
 a partly finished sweep launches only the missing points, ``force=true`` launches them all, and
 the end-of-sweep table still lists every point of the sweep, in its order."""
-import contextlib
-import io
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ sys.path.insert(0, str(ROOT))
 from experiments import preflight, runner  # noqa: E402
 from experiments.skip_finished import launch_only_unfinished  # noqa: E402
 from tests.test_harness_sweep import TINY  # noqa: E402
+from tests._inprocess import run_main as _main  # noqa: E402
 
 FAST = [*TINY, "exp.fidelity=false"]
 STATUSES = ("done", "skipped", "failed", "missing")
@@ -32,19 +31,6 @@ def launched(monkeypatch):
 
     monkeypatch.setattr(runner, "run_point", counting)
     return calls
-
-
-def _main(argv):
-    """experiments/run.py in this process: (exit status, stdout, stderr)."""
-    from experiments import run
-
-    out, err, saved = io.StringIO(), io.StringIO(), list(sys.argv)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = run.main(list(argv))
-    finally:
-        sys.argv[:] = saved
-    return rc, out.getvalue(), err.getvalue()
 
 
 def _table(out):
