@@ -4,7 +4,10 @@
         [--ctx 2048[,4096,...]] [--new-tokens 128] [--budget 0.2] [--batch 1] \
         [--methods full,flexgen,...] [--source pydoc] [--dtype float32] [--out results/baselines]
 
-Per method and context length, one prefill of the same prompt, then ``--new-tokens`` decode
+Per method and context length, one prefill of the same prompt (by default the dense pass is
+recorded once per context and every method starts from it, ``hybridgen.model.shared_prefill``:
+the same tokens and logits as a prefill of its own; ``prefill_s`` is then the method's own part
+and ``dense_prefill_s`` the shared pass; ``--own-prefill`` runs one per method), then ``--new-tokens`` decode
 steps TEACHER-FORCED with `full`'s greedy tokens (so every method sees the same prefix and
 its logits can be compared position by position with full's). Reported per method:
 - decode ms/token: median wall time of one decode step (the engine's decode_step); with
@@ -15,7 +18,7 @@ its logits can be compared position by position with full's). Reported per metho
   the decode steps / steps (the prompt's one-off offload is reported apart, prefill_d2h);
 - fidelity to `full`: top-1 next-token agreement and mean KL(full || method) over the
   generated positions (hybridgen.eval.fidelity).
-Methods with a budget run at ``--budget`` (20% by default). One table is printed and a CSV
+Methods with a budget run at ``--budget`` (20% by default); ``NAME:key=value`` sets any parameter. One table is printed and a CSV
 per context is written to ``--out`` (with a README holding the command and the environment).
 
 Without CUDA the gpu tier is emulated on the CPU: times show CPU kernels and the harness's
@@ -89,7 +92,18 @@ METHODS.update({
 
 
 def _make(name: str, budget: str):
-    """A preset of METHODS, or any registered method by its name (given --budget if it has a `budget`)."""
+    """A preset of METHODS, or any registered method by its name (given --budget if it has a `budget`),
+    or either with parameters: ``NAME:key=value[:key=value...]`` (e.g. ``hybridgen:gpu_budget=0.07``)."""
+    name, *pairs = name.split(":")
+    extra = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"method parameter {pair!r} is not key=value; write e.g. hybridgen:gpu_budget=0.07")
+        extra[key] = value
+    if extra:
+        base = _make(name, budget)
+        return build_method(base.name, **{**base.config(), **extra})
     if name not in METHODS:
         if name not in available_methods():
             raise ConfigError(f"unknown benchmark method {name!r}; choose a preset ({', '.join(METHODS)}) "
@@ -100,15 +114,17 @@ def _make(name: str, budget: str):
     return build_method(reg, **params)
 
 
-def run_one(engine, method, ids, ref_tokens, pool=None) -> dict:
-    """Prefill + teacher-forced decode of ``ref_tokens`` [B, n]; timings, bytes, logits [B, n, V]."""
+def run_one(engine, method, ids, ref_tokens, pool=None, shared=None) -> dict:
+    """Prefill + teacher-forced decode of ``ref_tokens`` [B, n]; timings, bytes, logits [B, n, V].
+    shared: the prompt's recorded dense prefill (the method starts from it; prefill_s is its own part)."""
     n = int(ref_tokens.shape[1])
     store = TieredStore()
     sync = (lambda: torch.cuda.synchronize()) if engine.device.type == "cuda" else (lambda: None)
     try:
         sync()
         t0 = time.perf_counter()
-        logits = [engine.prefill(ids, None, method, store=store, max_new_tokens=n, pool=pool)]
+        logits = [engine.prefill(ids, None, method, store=store, max_new_tokens=n, pool=pool,
+                                 shared_prefill=shared)]
         sync()
         prefill_s = time.perf_counter() - t0
         after_prefill = store.bytes_by_tier()
@@ -158,6 +174,9 @@ def main(argv=None) -> None:
     ap.add_argument("--timing-tokens", type=int, default=32, help="decode steps per extra timing pass")
     ap.add_argument("--out", default="results/baselines")
     ap.add_argument("--force", action="store_true", help="overwrite the files of an earlier run")
+    ap.add_argument("--own-prefill", action="store_true",
+                    help="every method runs its own dense prefill (default: one dense prefill per context, "
+                         "recorded once, that every method starts from: same tokens and logits, ~1/N the time)")
     args = parse_checked(ap, argv)
     if args.threads:
         runtime.apply(torch_threads=args.threads)
@@ -186,10 +205,19 @@ def main(argv=None) -> None:
         print(f"\n== {args.model}  context {ctx_len}  batch {args.batch}  new tokens {args.new_tokens}  "
               f"budget {args.budget}  threads {torch.get_num_threads()}  "
               f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}  device {engine.device}", flush=True)
+        shared = None
+        if not args.own_prefill:
+            from hybridgen.model.shared_prefill import record_prefill
+
+            t0 = time.perf_counter()
+            shared = record_prefill(engine, ids, None, max_new_tokens=args.new_tokens)
+            dense_prefill_s = time.perf_counter() - t0
+            print(f"  dense prefill, recorded once for every method: {dense_prefill_s:.1f} s "
+                  f"({shared.nbytes / 2 ** 30:.2f} GiB of q/k/v)", flush=True)
         t0 = time.perf_counter()
         store = TieredStore()
         ref = engine.generate(ids, _make("full", args.budget), max_new_tokens=args.new_tokens, store=store,
-                              return_logits=True)
+                              return_logits=True, shared_prefill=shared)
         ref_tokens = ref.tokens
         # `full`'s own greedy run is its teacher-forced run: reuse it instead of running it twice
         results = {"full": {"logits": ref.logits, "prefill_s": ref.prefill_s, "step_s": ref.step_s,
@@ -202,7 +230,7 @@ def main(argv=None) -> None:
             if nm == "full":
                 continue
             t0 = time.perf_counter()
-            results[nm] = run_one(engine, _make(nm, args.budget), ids, ref_tokens)
+            results[nm] = run_one(engine, _make(nm, args.budget), ids, ref_tokens, shared=shared)
             print(f"  {nm}: {time.perf_counter() - t0:.1f} s", flush=True)
         for r in results.values():
             r["step_medians"] = [statistics.median(r["step_s"])] if r["step_s"] else []
@@ -211,7 +239,7 @@ def main(argv=None) -> None:
         timing_tokens = ref_tokens[:, : max(2, min(args.new_tokens, args.timing_tokens))]
         for p in range(1, args.passes):
             for nm in names:
-                r = run_one(engine, _make(nm, args.budget), ids, timing_tokens)
+                r = run_one(engine, _make(nm, args.budget), ids, timing_tokens, shared=shared)
                 results[nm]["step_medians"].append(statistics.median(r["step_s"]))
                 results[nm]["load"] = min(results[nm]["load"], r["load"])
             print(f"  timing pass {p + 1}/{args.passes} done", flush=True)
@@ -224,7 +252,8 @@ def main(argv=None) -> None:
             rows.append({
                 "model": args.model, "context": ctx_len, "batch": args.batch, "new_tokens": args.new_tokens,
                 "method": nm, "params": json.dumps(_make(nm, args.budget).config(), sort_keys=True),
-                "prefill_s": _fmt(r["prefill_s"]),
+                "prefill_s": _fmt(r["prefill_s"]), "shared_prefill": shared is not None,
+                "dense_prefill_s": _fmt(dense_prefill_s) if shared is not None else "",
                 "decode_ms_per_token": _fmt(1e3 * min(r["step_medians"])) if r["step_medians"] else "nan",
                 "decode_ms_per_pass": "/".join(_fmt(1e3 * x, 1) for x in r["step_medians"]),
                 "gpu_MiB": _fmt(r["held"]["gpu"] / MiB), "dram_MiB": _fmt(r["held"]["dram"] / MiB),

@@ -163,8 +163,11 @@ class HFEngine(TextIO):
     @torch.no_grad()
     def prefill(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 method: Union[str, KVMethod] = "full", store: Any = None, max_new_tokens: int = 1,
-                pool: Any = None) -> Tensor:
+                pool: Any = None, shared_prefill: Any = None) -> Tensor:
         """Run the prompt, bind ``method`` and hand it every global layer's KV. Returns last-position logits [B, V]."""
+        if shared_prefill is not None:
+            raise ConfigError("shared_prefill is a lean-engine feature (hybridgen.model.Engine); the transformers "
+                              "backend runs its own prefill per method")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         ids, valid, positions = self._prepare(input_ids, attention_mask, max_new_tokens)

@@ -267,15 +267,19 @@ class Engine(TextIO):
     @torch.no_grad()
     def prefill(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 method: Union[str, KVMethod] = "full", store: Any = None, max_new_tokens: int = 1,
-                pool: Any = None) -> Tensor:
+                pool: Any = None, shared_prefill: Any = None) -> Tensor:
         """Run the prompt, bind ``method`` and hand it every layer's KV. Returns last-position logits [B, V].
 
         max_new_tokens: decode steps that may follow (methods reserve room; positions are checked).
         store: a TieredStore (a fresh unlimited one when None). pool: CPU attention pool for methods.
+        shared_prefill: a :class:`~hybridgen.model.shared_prefill.SharedPrefill` of these inputs: the
+        method takes its recorded q/k/v instead of a new dense pass (same tensors, same logits).
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         ids, valid, positions = self._prepare(input_ids, attention_mask, max_new_tokens)
+        if shared_prefill is not None:
+            shared_prefill.check_matches(self, ids, valid, max_new_tokens)
         method = self._method(method)
         self.release()  # a run left bound (keep=True) frees its KV before the next one starts
         if store is None:
@@ -296,19 +300,26 @@ class Engine(TextIO):
             method.prefill(i, q, k, v, valid)
             return out
 
-        h = self._embed(ids, positions)
-        cs = self._cos_sin(positions)
         from hybridgen.log import bar
 
         try:  # a per-layer bar on long prompts (hidden unless hybridgen.log is at info; see hybridgen/log.py)
-            for i in bar(range(s.num_layers), desc=f"prefill [{method.name}] {B}x{T} tok", unit="layer",
-                         disable=None if B * T >= PREFILL_BAR_TOKENS else True, leave=False):
-                h = self._layer(i, h, cs, attend)
+            layers = bar(range(s.num_layers), desc=f"prefill [{method.name}] {B}x{T} tok", unit="layer",
+                         disable=None if B * T >= PREFILL_BAR_TOKENS else True, leave=False)
+            if shared_prefill is None:
+                h = self._embed(ids, positions)
+                cs = self._cos_sin(positions)
+                for i in layers:
+                    h = self._layer(i, h, cs, attend)
+                logits = self._checked(self._logits(h[:, -1]))
+            else:
+                for i in layers:
+                    method.prefill(i, *shared_prefill.layers[i], valid)
+                logits = shared_prefill.logits.clone()
         except BaseException:
             method.release()  # e.g. a CapacityError at some layer: free what earlier layers took
             raise
         self._run = _Run(method=method, store=store, next_pos=positions[:, -1] + 1, steps_left=max_new_tokens)
-        return self._checked(self._logits(h[:, -1]))
+        return logits
 
     def _decode_input(self, tokens: Tensor, method: Optional[KVMethod]) -> Tuple[Any, Tensor]:
         """The run a decode step continues and its token ids [B, 1]; one line for a step out of order."""
@@ -356,10 +367,10 @@ class Engine(TextIO):
                  attention_mask: Optional[Tensor] = None, store: Any = None, greedy: bool = True,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logits: bool = False,
                  progress: bool = False, keep: bool = False, pool: Any = None,
-                 eos_token_id: Optional[int] = None) -> "GenerationResult":
+                 eos_token_id: Optional[int] = None, shared_prefill: Any = None) -> "GenerationResult":
         """Prefill + (max_new_tokens - 1) decode steps through ``method``: see
         :func:`hybridgen.model.generation.generate` (the same arguments)."""
         return generate(self, input_ids, method, max_new_tokens, attention_mask=attention_mask, store=store,
                         greedy=greedy, temperature=temperature, top_p=top_p, seed=seed,
                         return_logits=return_logits, progress=progress, keep=keep, pool=pool,
-                        eos_token_id=eos_token_id)
+                        eos_token_id=eos_token_id, shared_prefill=shared_prefill)

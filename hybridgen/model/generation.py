@@ -67,8 +67,12 @@ def generate(engine: "Engine", input_ids: Tensor, method: Union[str, KVMethod] =
              attention_mask: Optional[Tensor] = None, store: Any = None, greedy: bool = True,
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logits: bool = False,
              progress: bool = False, keep: bool = False, pool: Any = None,
-             eos_token_id: Optional[int] = None) -> GenerationResult:
+             eos_token_id: Optional[int] = None, shared_prefill: Any = None) -> GenerationResult:
     """Prefill + (max_new_tokens - 1) decode steps through ``method``.
+
+    shared_prefill: a dense prefill of these inputs recorded once
+    (:func:`hybridgen.model.shared_prefill.record_prefill`); the method starts from it instead of
+    a prefill of its own (same tokens and logits; ``prefill_s`` is then the method's own part).
 
     keep: leave the method bound (KV held) after returning; call ``engine.release()`` later.
     eos_token_id: when given, a row that produced it keeps producing it and generation stops
@@ -89,7 +93,8 @@ def generate(engine: "Engine", input_ids: Tensor, method: Union[str, KVMethod] =
     try:
         engine._sync()
         t0 = time.perf_counter()
-        logits = engine.prefill(input_ids, attention_mask, method, store, max_new_tokens, pool)
+        shared = {} if shared_prefill is None else {"shared_prefill": shared_prefill}
+        logits = engine.prefill(input_ids, attention_mask, method, store, max_new_tokens, pool, **shared)
         tok = pick(logits)
         engine._sync()
         prefill_s = time.perf_counter() - t0

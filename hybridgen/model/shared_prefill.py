@@ -1,0 +1,103 @@
+"""One dense prefill of a prompt, recorded once, from which every KV method starts (``SharedPrefill``).
+
+The engine's prefill is the same dense causal pass whatever the method: the method only takes
+each layer's q/k/v afterwards (``method.prefill(layer, q, k, v, valid)``). So a table of ten
+methods on one prompt needs ONE dense prefill, not ten:
+
+    from hybridgen.model.shared_prefill import record_prefill
+    shared = record_prefill(engine, ids, mask, max_new_tokens=64)     # the dense pass, once
+    for name in ("full", "h2o", "hybridgen"):
+        engine.generate(ids, name, max_new_tokens=64, attention_mask=mask, shared_prefill=shared)
+
+Each method then gets exactly the tensors its own prefill would have computed (the same
+code on the same inputs), and the same last-position logits: tokens and logits equal those of a
+run without sharing, bit for bit (``tests/test_shared_prefill.py`` checks every registered
+method, and that no method writes into the record).
+
+Memory: the record holds every layer's q, k and v, L x B x T x (Hq + 2 Hkv) x D values in the
+engine's dtype (SmolLM2-135M, 8K tokens, float32: 0.9 GiB). Only the lean engine records and
+replays (the transformers backend's non-global layers keep their KV in transformers' own cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from hybridgen.errors import ConfigError
+from hybridgen.model import ops
+
+if TYPE_CHECKING:
+    from hybridgen.model.engine import Engine
+
+
+@dataclass(frozen=True)
+class SharedPrefill:
+    """The dense prefill of one (padded) prompt on one engine.
+
+    ids [B, T] token ids; valid [B, T] bool (False = left padding) or None when unpadded;
+    positions [B, T]; layers[i] = (q [B, Hq, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D]) of
+    layer i with rotary applied; logits [B, V] float32 of the last position; max_new_tokens:
+    the decode steps it was checked for (positions); engine_id: id() of the recording engine.
+    """
+
+    ids: Tensor
+    valid: Optional[Tensor]
+    positions: Tensor
+    layers: List[Tuple[Tensor, Tensor, Tensor]]
+    logits: Tensor
+    max_new_tokens: int
+    engine_id: int
+
+    def check_matches(self, engine: "Engine", ids: Tensor, valid: Optional[Tensor], max_new_tokens: int) -> None:
+        """One-line ConfigError unless this record is of ``engine`` on these ``ids``/``valid`` [B, T]."""
+        if engine is None or id(engine) != self.engine_id:
+            raise ConfigError("shared_prefill was recorded by another engine; record it with this engine "
+                              "(record_prefill(engine, ids, mask))")
+        if ids.shape != self.ids.shape or not torch.equal(ids, self.ids):
+            raise ConfigError(f"shared_prefill was recorded for other input_ids (shape {tuple(self.ids.shape)}); "
+                              "record it for the prompt you generate from")
+        same_mask = (valid is None and self.valid is None) or (
+            valid is not None and self.valid is not None and torch.equal(valid, self.valid))
+        if not same_mask:
+            raise ConfigError("shared_prefill was recorded with another attention_mask; pass the same mask")
+        if max_new_tokens > self.max_new_tokens:
+            raise ConfigError(f"shared_prefill was recorded for up to {self.max_new_tokens} new tokens, not "
+                              f"{max_new_tokens}; record it with max_new_tokens >= {max_new_tokens}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the recorded q/k/v hold."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer)
+
+
+@torch.no_grad()
+def record_prefill(engine: "Engine", input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                   max_new_tokens: int = 1) -> SharedPrefill:
+    """The dense prefill of ``input_ids`` [B, T] (left-padded, ``attention_mask`` [B, T]) on the lean
+    ``engine``, every layer's q/k/v kept: pass it as ``shared_prefill=`` to ``engine.generate`` or
+    ``engine.prefill`` for each method that should start from it."""
+    from hybridgen.model.engine import Engine
+
+    if not isinstance(engine, Engine):
+        raise ConfigError(f"record_prefill needs the lean engine (hybridgen.model.Engine), got "
+                          f"{type(engine).__name__}; the transformers backend prefills per method")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    ids, valid, positions = engine._prepare(input_ids, attention_mask, max_new_tokens)
+    s = engine.spec
+    layers: List[Tuple[Tensor, Tensor, Tensor]] = []
+
+    def attend(i, q, k, v):
+        layers.append((q, k, v))
+        return ops.causal_attention(q, k, v, s.scale, valid, engine.attn_chunk)
+
+    h = engine._embed(ids, positions)
+    cs = engine._cos_sin(positions)
+    for i in range(s.num_layers):
+        h = engine._layer(i, h, cs, attend)
+    logits = engine._checked(engine._logits(h[:, -1]))
+    return SharedPrefill(ids=ids, valid=valid, positions=positions, layers=layers, logits=logits,
+                         max_new_tokens=max_new_tokens, engine_id=id(engine))
