@@ -39,18 +39,16 @@ Choices where the paper is silent or which differ from it:
   the query goes down through :class:`hybridgen.kv.transfer.DeviceToHost` (pinned buffer +
   event) and the pool's worker waits on the event before reading it;
 - the new token is attended at full precision on the compute device, where it is computed
-  (also when it joins a compressed GPU part: stored quantized, attended from its own values);
-  (also with ``attention_on="cpu"``: its one-row partial is merged with the host partial);
-  it is written to the host (quantized when compressing) after the step's attention;
+  (also when it joins a compressed GPU part, and with ``attention_on="cpu"``, merged with the
+  host partial); it is written to the host (quantized when compressing) after the step's attention;
 - 'bytes_h2d' counts staged bytes (K, V, mask, or codes + meta); in CPU mode the output and
   LSE rows; 'bytes_d2h' counts KV written to the host (and q in CPU mode);
   'prefetched_ahead' counts copies started one layer ahead.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Dict, FrozenSet, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -92,6 +90,11 @@ class FlexGen(TieredMethod):
     group_size: PositiveInt = 64
     prefetch: bool = True
     async_copy: bool = True
+    placement_params: ClassVar[FrozenSet[str]] = frozenset({"host_tier", "attention_on", "prefetch", "async_copy"})
+
+    def output_config(self) -> Dict[str, Any]:  # the split matters only when its parts are stored differently
+        same = self.compress_kv == self.compress_gpu_kv
+        return {k: v for k, v in super().output_config().items() if not (same and k == "gpu_budget")}
 
     def check(self) -> None:
         if self.compress_kv or self.compress_gpu_kv:
@@ -388,11 +391,10 @@ class FlexGen(TieredMethod):
         elif self.attention_on == "cpu":
             lay = cpu_attention_split_cost(c, share, merge=True, mapping=self.host_tier)
             if gpu_dequant:  # before the GPU partial, priced serially with the layer (an upper bound)
-                lay = dataclasses.replace(lay, attn=lay.attn + gpu_dequant, layer=lay.layer + gpu_dequant,
-                                          gpu=lay.gpu + gpu_dequant, breakdown=dict(lay.breakdown))
+                lay = replace(lay, attn=lay.attn + gpu_dequant, layer=lay.layer + gpu_dequant, gpu=lay.gpu + gpu_dequant,
+                              breakdown=dict(lay.breakdown))
             dequant = gpu_dequant
         else:
-            lay = stream_cost(c, share, gpu_extra=gpu_dequant, mapping=self.host_tier, label="flexgen-stream")
-            dequant = gpu_dequant
+            lay, dequant = stream_cost(c, share, gpu_extra=gpu_dequant, mapping=self.host_tier, label="flexgen-stream"), gpu_dequant
         lay.breakdown.update(dequant_s=dequant, gpu_dequant_s=gpu_dequant)
         return with_memory(lay, self.footprint(shape), shape)

@@ -41,7 +41,7 @@ Choices where the paper is silent or which we adapt:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Dict, List, Literal, Optional, Tuple
+from typing import Annotated, Any, ClassVar, Dict, FrozenSet, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -101,6 +101,7 @@ class InfiniGen(TieredMethod):
     """
 
     name: ClassVar[str] = "infinigen"
+    placement_params: ClassVar[FrozenSet[str]] = frozenset({"host_tier", "async_copy"})
     validation_rows: ClassVar[Tuple[Tuple[str, Dict[str, Any]], ...]] = (("infinigen", {}),)  # local_rows.py
     budget: KeptBudget = Budget(ratio=0.2)
     alpha: Annotated[float, Range(lo=0.0, inf_ok=True)] = 4.0  # inf: always the budget's cap

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, List, Optional, Tuple
+from typing import Annotated, ClassVar, FrozenSet, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -193,6 +193,7 @@ class MagicPIG(TieredMethod):
     """
 
     name: ClassVar[str] = "magicpig"
+    placement_params: ClassVar[FrozenSet[str]] = frozenset({"tier"})
     bits: Annotated[int, Range(1, 30)] = 10
     tables: PositiveInt = 150
     min_collisions: NonNegInt = 2

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, List, Optional, Tuple
+from typing import ClassVar, FrozenSet, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -175,6 +175,7 @@ class ShadowKV(TieredMethod):
     """
 
     name: ClassVar[str] = "shadowkv"
+    placement_params: ClassVar[FrozenSet[str]] = frozenset({"host_tier"})
     budget: KeptBudget = Budget(ratio=0.015625)
     rank: PositiveInt = 160
     chunk_size: PositiveInt = 8

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar, Deque, List, Optional
+from typing import ClassVar, Deque, FrozenSet, List, Optional
 
 from torch import Tensor
 
@@ -54,6 +54,7 @@ class HybridExact(KVMethod):
     """
 
     name: ClassVar[str] = "hybrid-exact"
+    placement_params: ClassVar[FrozenSet[str]] = frozenset({"gpu_budget", "key_tier", "value_tier"})  # lossless
     gpu_budget: Budget = Budget(ratio=0.1)
     sinks: NonNegInt = 4
     key_tier: HostTier = "dram"

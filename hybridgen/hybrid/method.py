@@ -26,7 +26,7 @@ import math
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Dict, List, Literal, Optional, Tuple
+from typing import Annotated, Any, ClassVar, Dict, FrozenSet, List, Literal, Optional, Tuple
 
 from torch import Tensor
 
@@ -43,9 +43,8 @@ from hybridgen.hybrid.speculation import DecodePositions, StandInQuality
 from hybridgen.hybrid.stream_slice import StreamSlices
 from hybridgen.hybrid.timing import BranchTimer
 from hybridgen.hybrid.window import RingWindow
-from hybridgen.kv import KVSegment
 from hybridgen.kv.mapping import parse_mapping
-from hybridgen.kv.segment import split_prompt
+from hybridgen.kv.segment import KVSegment, split_prompt
 from hybridgen.kv.transfer import DeviceToHost, HostToDevice, wait_host
 from hybridgen.methods import Budget, Fraction, KVMethod, MethodContext, NonNegInt, PositiveInt, Range
 from hybridgen.methods.footprint import Footprint, KVShape
@@ -88,6 +87,7 @@ class HybridGen(KVMethod):
     """
 
     name: ClassVar[str] = "hybridgen"
+    placement_params: ClassVar[FrozenSet[str]] = frozenset({"mapping", "branch_pieces"})
     gpu_budget: Budget = Budget(ratio=0.1)
     sinks: NonNegInt = 4
     topk_ratio: Optional[Annotated[float, Range(0.0, 1.0, lo_open=True)]] = None

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, FrozenSet, List, Literal, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -133,6 +133,7 @@ class EvictingMethod(TieredMethod):
     """
 
     name: ClassVar[str] = "evicting"
+    placement_params: ClassVar[FrozenSet[str]] = frozenset({"tier", "offload", "host_tier"})
     budget: KeptBudget = Budget(ratio=0.2)
     tier: Tier = "gpu"
     offload: Offload = "none"

@@ -101,6 +101,9 @@ class Offloaded(KVMethod):
     def config(self) -> Dict[str, Any]:
         return self.configured().config()
 
+    def output_config(self) -> Dict[str, Any]:
+        return self.configured().output_config()
+
     def __getattr__(self, attr: str) -> Any:
         """The inner method's state (its caches, counters) for inspection."""
         if attr.startswith("__") or attr == "inner":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, FrozenSet, Optional
 
 import torch
 from torch import Tensor
@@ -78,6 +78,9 @@ class KVMethod:
     """
 
     name: ClassVar[str] = "abstract"
+    #: parameters that only decide where bytes live or how they move, never what the method attends
+    #: to: its tokens and logits do not depend on them (tests/test_placement_params.py checks each)
+    placement_params: ClassVar[FrozenSet[str]] = frozenset()
     ctx: Optional[MethodContext] = field(default=None, init=False, repr=False, compare=False)
     stats: Dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -165,3 +168,9 @@ class KVMethod:
                 val = getattr(self, f.name)
                 out[f.name] = str(val) if isinstance(val, Budget) else val
         return out
+
+    def output_config(self) -> Dict[str, Any]:
+        """The parameters this method's tokens and logits depend on: :meth:`config` without the
+        ``placement_params`` (two configs with equal output configs give the same outputs, so an
+        accuracy measured for one holds for the other)."""
+        return {k: v for k, v in self.config().items() if k not in self.placement_params}

@@ -1,0 +1,176 @@
+"""Accuracy next to speed in the paper's regime: each in-regime cell's methods, at the configuration
+their placement gives them there, joined to the fidelity to ``full`` measured on a real model.
+
+The regime table (results/paper_regime/table.csv) is PROJECTED on models that do not run here
+(Llama-3.1-8B, Qwen2.5-14B, OPT at 8K-1M tokens). Accuracy is measured on the longest context a real
+model reaches on this machine (SmolLM2-135M at 8K, ``benchmarks/bench_baselines.py``: 128 decode
+steps teacher-forced with ``full``'s tokens; top-1 agreement and mean KL(full || method)), for each
+configuration the regime's cells use. A cell's configuration is matched to a measured one by its
+``output_config`` (:meth:`hybridgen.methods.KVMethod.output_config`: the parameters its tokens
+depend on, placement parameters left out and tested to change nothing), so H2O offloaded and H2O
+resident share one measurement; HybridGen's ``gpu_budget`` (a share of the context in the regime
+cell) is matched to the LARGEST measured share at or below it: the measurement is of a configuration
+with no more exact attention than the cell's (the conservative side).
+
+Rows in: ``table.csv``'s dicts (placement, gpu, regime, baseline, run_preset, context, params,
+hybridgen_params, speedup). Measured rows: the bench's CSV (method label, params, top1_agreement,
+mean_kl, context, model).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hybridgen.errors import ConfigError
+from hybridgen_harness import regime as rg
+
+SPLIT_PARAM = "gpu_budget"  # matched at or below (a share of the context); every other parameter exactly
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """One measured configuration: registry ``method``, its ``output_config``, top-1 agreement and mean
+    KL (nats) vs ``full`` over ``positions`` decode positions, on ``model`` at ``context`` tokens."""
+
+    label: str
+    method: str
+    output_config: Tuple[Tuple[str, str], ...]
+    top1: float
+    mean_kl: float
+    model: str
+    context: int
+
+    def split_share(self) -> Optional[float]:
+        value = dict(self.output_config).get(SPLIT_PARAM)
+        return None if value is None else _share(value, self.context)
+
+
+def registry_of(label: str) -> str:
+    """The registered method a preset or bench label names: the label itself, or the longest
+    registered name it starts with ('flexgen-int4' -> 'flexgen', 'h2o-offload' -> 'h2o',
+    'hybridgen:gpu_budget=0.07' -> 'hybridgen')."""
+    from hybridgen.methods import available_methods
+
+    head = label.split(":", 1)[0]
+    names = available_methods()
+    if head in names:
+        return head
+    prefixes = [n for n in names if head.startswith(n + "-")]
+    if not prefixes:
+        raise ConfigError(f"{label!r} names no registered method ({', '.join(names)})")
+    return max(prefixes, key=len)
+
+
+def output_key(method: str, params: Mapping[str, Any]) -> Tuple[Tuple[str, str], ...]:
+    """The output configuration of ``method`` built with ``params``, as a sorted hashable tuple."""
+    from hybridgen.methods import build_method
+
+    cfg = build_method(method, **dict(params)).output_config()
+    return tuple(sorted((k, str(v)) for k, v in cfg.items()))
+
+
+def _share(value: str, context: int) -> float:
+    """A budget string ('0.07' of the context, or '9222t' tokens) as a share of ``context``."""
+    value = str(value)
+    return int(value[:-1]) / context if value.endswith("t") else float(value)
+
+
+def load_fidelity(path: Path) -> List[Fidelity]:
+    """The measured rows of one bench_baselines CSV (comment lines skipped)."""
+    with open(path) as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    out = []
+    for r in rows:
+        method = r.get("registry") or registry_of(r["method"])
+        out.append(Fidelity(r["method"], method, output_key(method, json.loads(r["params"])),
+                            float(r["top1_agreement"]), float(r["mean_kl"]), r["model"], int(r["context"])))
+    return out
+
+
+def match(method: str, params: Mapping[str, Any], context: int, measured: Sequence[Fidelity]) -> Optional[Fidelity]:
+    """The measured configuration of ``method`` with ``params`` in a cell of ``context`` tokens (module doc)."""
+    key = dict(output_key(method, params))
+    same = [m for m in measured if m.method == method and dict(m.output_config) == key]
+    if same:
+        return same[0]
+    if SPLIT_PARAM not in key:
+        return None
+    want = _share(key[SPLIT_PARAM], context)
+    rest = {k: v for k, v in key.items() if k != SPLIT_PARAM}
+    below = [m for m in measured if m.method == method and m.split_share() is not None
+             and m.split_share() <= want + 1e-9
+             and {k: v for k, v in m.output_config if k != SPLIT_PARAM} == rest]
+    return max(below, key=lambda m: m.split_share()) if below else None
+
+
+@dataclass(frozen=True)
+class AccuracyRow:
+    """One (placement, gpu, baseline) group of in-regime cells: the verdict's speedup next to both sides'
+    fidelity (None: a cell's configuration not measured)."""
+
+    placement: str
+    gpu: str
+    baseline: str
+    speedup: Optional[float]
+    cells: int
+    baseline_fid: List[Optional[Fidelity]]
+    hybridgen_fid: List[Optional[Fidelity]]
+
+
+def accuracy_rows(rows: Sequence[Mapping[str, Any]], measured: Sequence[Fidelity], placements: Sequence[str],
+                  gpus: Sequence[str], baselines: Sequence[str]) -> List[AccuracyRow]:
+    """Per (placement, gpu, baseline): the verdict's geometric-mean speedup and, for every in-regime cell
+    where both fit, the measured fidelity of the baseline's and HybridGen's configuration there."""
+    out = []
+    for v in rg.verdicts(rows, placements, gpus, baselines):
+        used = [r for r in rows if (r["placement"], r["gpu"], r["baseline"]) == (v.placement, v.gpu, v.baseline)
+                and r["regime"] == rg.IN_REGIME and rg._num(r.get("speedup")) is not None]
+        base, hg = [], []
+        for r in used:
+            ctx = int(r["context"])
+            base.append(match(registry_of(r["run_preset"]), json.loads(r["params"]), ctx, measured))
+            hg.append(match("hybridgen", json.loads(r["hybridgen_params"]), ctx, measured))
+        out.append(AccuracyRow(v.placement, v.gpu, v.baseline, v.speedup, len(used), base, hg))
+    return out
+
+
+def _fid_text(fids: Sequence[Optional[Fidelity]]) -> str:
+    """'0.992 / 0.0014' (top-1 / mean KL), a range over cells measured at different configurations,
+    or 'not measured (n cells)'."""
+    got = [f for f in fids if f is not None]
+    missing = len(fids) - len(got)
+    if not got:
+        return "not measured" if fids else "-"
+    t1, kl = [f.top1 for f in got], [f.mean_kl for f in got]
+    text = (f"{min(t1):.3f} / {max(kl):.2g}" if len(set(t1)) == 1 and len(set(kl)) == 1 else
+            f"{min(t1):.3f}-{max(t1):.3f} / {min(kl):.2g}-{max(kl):.2g}")
+    return text + (f" ({missing} cells not measured)" if missing else "")
+
+
+def accuracy_markdown(acc: Sequence[AccuracyRow], labels: Mapping[str, str], gpu_titles: Mapping[str, str],
+                      source: str) -> str:
+    """The table of speed next to accuracy, one row per (placement, gpu, baseline)."""
+    models = sorted({f"{f.model} at {f.context} tokens" for a in acc for f in a.baseline_fid + a.hybridgen_fid if f})
+    lines = [f"Accuracy next to speed, in-regime cells only. Speed: the verdict's PROJECTED geometric-mean "
+             f"speedup of HybridGen (default) over the baseline. Accuracy: MEASURED fidelity to `full` "
+             f"(top-1 agreement / mean KL in nats, 127 teacher-forced decode positions) of the configuration each "
+             f"side runs with in those cells, on {', '.join(models) or 'no measured model'} ({source}); a range "
+             f"where the cells' configurations differ (HybridGen's GPU share follows each cell's budget).", "",
+             "| placement | GPU | baseline | speedup (projected) | baseline top-1 / KL | HybridGen top-1 / KL |",
+             "|---|---|---|---|---|---|"]
+    for a in acc:
+        sp = "-" if a.speedup is None else f"{a.speedup:.2f}x (n={a.cells})"
+        lines.append(f"| {a.placement} | {gpu_titles.get(a.gpu, a.gpu)} | {labels.get(a.baseline, a.baseline)} | {sp} "
+                     f"| {_fid_text(a.baseline_fid)} | {_fid_text(a.hybridgen_fid)} |")
+    return "\n".join(lines) + "\n"
+
+
+def find_measured(directory: Path) -> List[Fidelity]:
+    """Every measured row of the bench CSVs in ``directory`` (empty when there is none)."""
+    if not directory.is_dir():
+        return []
+    return [f for path in sorted(directory.glob("*.csv")) for f in load_fidelity(path) if not math.isnan(f.top1)]
