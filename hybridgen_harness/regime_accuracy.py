@@ -5,8 +5,9 @@ The regime table (results/paper_regime/table.csv) is PROJECTED on models that do
 (Llama-3.1-8B, Qwen2.5-14B, OPT at 8K-1M tokens). Accuracy is measured on the longest context a real
 model reaches on this machine (SmolLM2-135M at 8K, ``benchmarks/bench_baselines.py``: 128 decode
 steps teacher-forced with ``full``'s tokens; top-1 agreement and mean KL(full || method)), for each
-configuration the regime's cells use. A cell's configuration is matched to a measured one by its
-``output_config`` (:meth:`hybridgen.methods.KVMethod.output_config`: the parameters its tokens
+configuration the regime's cells use, at the knob values their speed was priced at
+(``priced_config``: HybridGen's scheduler-owned top-k at the ratio its cost assumes). A cell's
+configuration is matched to a measured one by its ``output_config`` (:meth:`hybridgen.methods.KVMethod.output_config`: the parameters its tokens
 depend on, placement parameters left out and tested to change nothing), so H2O offloaded and H2O
 resident share one measurement; HybridGen's ``gpu_budget`` (a share of the context in the regime
 cell) is matched to the LARGEST measured share at or below it: the measurement is of a configuration
@@ -65,11 +66,13 @@ def registry_of(label: str) -> str:
     return max(prefixes, key=len)
 
 
-def output_key(method: str, params: Mapping[str, Any]) -> Tuple[Tuple[str, str], ...]:
-    """The output configuration of ``method`` built with ``params``, as a sorted hashable tuple."""
+def output_key(method: str, params: Mapping[str, Any], priced: bool = False) -> Tuple[Tuple[str, str], ...]:
+    """The output configuration of ``method`` built with ``params`` (``priced``: the one its projected
+    cost assumes, :meth:`~hybridgen.methods.KVMethod.priced_config`), as a sorted hashable tuple."""
     from hybridgen.methods import build_method
 
-    cfg = build_method(method, **dict(params)).output_config()
+    m = build_method(method, **dict(params))
+    cfg = m.priced_config() if priced else m.output_config()
     return tuple(sorted((k, str(v)) for k, v in cfg.items()))
 
 
@@ -92,8 +95,11 @@ def load_fidelity(path: Path) -> List[Fidelity]:
 
 
 def match(method: str, params: Mapping[str, Any], context: int, measured: Sequence[Fidelity]) -> Optional[Fidelity]:
-    """The measured configuration of ``method`` with ``params`` in a cell of ``context`` tokens (module doc)."""
-    key = dict(output_key(method, params))
+    """The measured configuration of ``method`` with ``params`` in a cell of ``context`` tokens (module doc):
+    the cell's PRICED configuration (a scheduler-owned knob at the value its speed was priced at) against
+    each measurement's output configuration, so a run whose knob moved with this machine's timings
+    matches no cell."""
+    key = dict(output_key(method, params, priced=True))
     same = [m for m in measured if m.method == method and dict(m.output_config) == key]
     if same:
         return same[0]
@@ -173,4 +179,4 @@ def find_measured(directory: Path) -> List[Fidelity]:
     """Every measured row of the bench CSVs in ``directory`` (empty when there is none)."""
     if not directory.is_dir():
         return []
-    return [f for path in sorted(directory.glob("*.csv")) for f in load_fidelity(path) if not math.isnan(f.top1)]
+    return [f for path in sorted(directory.rglob("*.csv")) for f in load_fidelity(path) if not math.isnan(f.top1)]

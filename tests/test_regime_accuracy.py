@@ -47,9 +47,11 @@ def test_a_cell_matches_the_measurement_of_its_output_configuration(tmp_path):
         ("h2o", "h2o", {}, 0.97, 0.004),
         ("h2o:budget=0.1", "h2o", {"budget": "0.1"}, 0.90, 0.05),
         ("flexgen-int4", "flexgen", {"compress_kv": True, "compress_gpu_kv": True, "gpu_budget": "0.5"}, 0.92, 0.09),
-        ("hybridgen:gpu_budget=0.01", "hybridgen", {"gpu_budget": "0.01"}, 0.98, 0.003),
-        ("hybridgen:gpu_budget=0.07", "hybridgen", {"gpu_budget": "0.07"}, 0.99, 0.002),
-        ("hybridgen:gpu_budget=0.16", "hybridgen", {"gpu_budget": "0.16"}, 1.0, 0.001),
+        ("hybridgen:gpu_budget=0.01", "hybridgen", {"gpu_budget": "0.01", "topk_ratio": 0.05}, 0.98, 0.003),
+        ("hybridgen:gpu_budget=0.07", "hybridgen", {"gpu_budget": "0.07", "topk_ratio": 0.05}, 0.99, 0.002),
+        ("hybridgen:gpu_budget=0.16", "hybridgen", {"gpu_budget": "0.16", "topk_ratio": 0.05}, 1.0, 0.001),
+        # the scheduler moved the top-k with this machine's timings: not what any cell was priced at
+        ("hybridgen:gpu_budget=0.5", "hybridgen", {"gpu_budget": "0.5"}, 0.5, 0.5),
     ])
     # offloaded H2O is H2O: placement parameters are not part of the match
     assert ra.match("h2o", {"budget": "0.2", "offload": "stream"}, CTX, measured).top1 == 0.97
@@ -64,8 +66,9 @@ def test_a_cell_matches_the_measurement_of_its_output_configuration(tmp_path):
     assert ra.match("hybridgen", {"gpu_budget": "9222t"}, CTX, measured).label == "hybridgen:gpu_budget=0.07"
     assert ra.match("hybridgen", {"gpu_budget": "0.5"}, CTX, measured).label == "hybridgen:gpu_budget=0.16"
     assert ra.match("hybridgen", {"gpu_budget": "0.0"}, CTX, measured) is None
-    # any other HybridGen parameter must agree exactly
+    # any other HybridGen parameter must agree exactly; the default's top-k is the ratio its cost prices
     assert ra.match("hybridgen", {"gpu_budget": "0.5", "topk_ratio": 0.1}, CTX, measured) is None
+    assert ra.match("hybridgen", {"gpu_budget": "0.5", "topk_ratio": 0.05}, CTX, measured).top1 == 1.0
 
 
 def test_the_accuracy_table_covers_every_in_regime_group_and_says_what_is_not_measured(tmp_path):
@@ -86,3 +89,19 @@ def test_the_readme_accuracy_block_is_what_the_generator_prints_from_the_committ
     assert readme.count(pr.ACC_BEGIN) == 1 and readme.count(pr.ACC_END) == 1
     assert readme.split(pr.ACC_BEGIN, 1)[1].split(pr.ACC_END, 1)[0] == "\n" + block
     assert block in (COMMITTED / "README.md").read_text()
+
+
+def test_hybridgen_is_priced_at_the_configuration_priced_config_names():
+    """The accuracy joined to a projected speed is measured at the configuration that speed priced."""
+    from hybridgen.perf import Workload, predict_step
+
+    default = build_method("hybridgen")
+    priced = default.priced_config()
+    assert priced["topk_ratio"] != default.output_config()["topk_ratio"]  # None: the scheduler's, at run time
+    pinned = build_method("hybridgen", **{k: v for k, v in default.config().items() if k != "topk_ratio"},
+                          topk_ratio=priced["topk_ratio"])
+    w = Workload(batch=4, context=131072)
+    a, b = predict_step(default, "llama-3.1-8b", w, "h200-host"), predict_step(pinned, "llama-3.1-8b", w, "h200-host")
+    assert a.total_s == b.total_s and a.breakdown == b.breakdown
+    assert pinned.priced_config() == priced
+    assert build_method("h2o").priced_config() == build_method("h2o").output_config()

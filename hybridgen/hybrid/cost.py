@@ -248,6 +248,11 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
                      breakdown=bd, label=label)
 
 
+def priced_topk_ratio(m: Any) -> float:
+    """The top-k ratio the cost prices: the pinned one, or the feedback scheduler's start ratio."""
+    return m.topk_ratio if m.topk_ratio is not None else SchedulerConfig().start_ratio
+
+
 def hybridgen_layer_cost(m: Any, c: CostContext) -> LayerCost:
     """``HybridGen.layer_cost``: :func:`hybridgen_cost` with ``m``'s parameters, its ``ship`` and
     three-way options priced by :func:`hybridgen_variant_cost`; topk_ratio None prices the
@@ -255,7 +260,7 @@ def hybridgen_layer_cost(m: Any, c: CostContext) -> LayerCost:
     are the footprint's (:func:`hybridgen.hybrid.memory.hybridgen_footprint`, through
     :func:`~hybridgen.methods.footprint.with_memory`) at the ratio priced; the shipped rows'
     device copies are outside it (set aside by the placement, :func:`ship_staging_bytes`)."""
-    ratio = m.topk_ratio if m.topk_ratio is not None else SchedulerConfig().start_ratio
+    ratio = priced_topk_ratio(m)
     # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
     kw = dict(per_head=m.per_head, pipelined=m.pipeline, mapping=m.mapping, pinned=False,
               key_sketch=None if m.key_sketch == "none" else m.key_sketch, oversample=m.sketch_oversample,

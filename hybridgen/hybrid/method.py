@@ -140,9 +140,8 @@ class HybridGen(KVMethod):
         self.quality = StandInQuality(self.trace["cosine"], self.min_stand_in_cos)
         # layer -> (first scanned host token, selected indices [B, Hsel, k] relative to it)
         self.last_selection: Dict[int, Tuple[int, Tensor]] = {}
-        self.stats.update({"host_tokens_scanned": 0, "topk_selected": 0, "exact_logit_recomputes": 0,
-                           "speculative_scans": 0, "cpu_branch_s": 0.0, "gpu_branch_s": 0.0,
-                           "cpu_scan_s": 0.0, "cpu_topk_s": 0.0, "cpu_gather_s": 0.0,
+        self.stats.update({"host_tokens_scanned": 0, "topk_selected": 0, "exact_logit_recomputes": 0, "speculative_scans": 0,
+                           "cpu_branch_s": 0.0, "gpu_branch_s": 0.0, "cpu_scan_s": 0.0, "cpu_topk_s": 0.0, "cpu_gather_s": 0.0,
                            "streamed_tokens": 0, "ship_bytes": 0, "decode_steps": 0, "trace": self.trace})
 
     def _make_scheduler(self, window: int, host_tokens: int) -> FeedbackScheduler:
@@ -179,10 +178,9 @@ class HybridGen(KVMethod):
 
     def release(self) -> None:
         self._drain()
-        if getattr(self, "streams", None) is not None:
-            self.streams.release()
-        if getattr(self, "parts", None) is not None:
-            self.parts.scan.release()
+        for part in (getattr(self, "streams", None), getattr(getattr(self, "parts", None), "scan", None)):
+            if part is not None:
+                part.release()
         for seg in [*getattr(self, "gpu", []), *getattr(self, "host", [])]:
             if seg is not None:
                 seg.release()
@@ -365,8 +363,8 @@ class HybridGen(KVMethod):
         for l in range(L):
             sched.record(l, cpu_s[l], gpu_s[l])
             sched.record_stream(l, cpu_s[l], self._flows[l][0], copy_s[l], self._flows[l][1])
-            self.stats["cpu_branch_s"] += cpu_s[l]
-            self.stats["gpu_branch_s"] += gpu_s[l]
+        self.stats["cpu_branch_s"] += sum(cpu_s)
+        self.stats["gpu_branch_s"] += sum(gpu_s)
         self._flows = [[0, 0] for _ in range(L)]
         if (cos_mean := self.quality.mean()) is not None:
             self.stats["stand_in_cos_mean"] = cos_mean
@@ -380,9 +378,7 @@ class HybridGen(KVMethod):
 
     def _resize_window(self, layer: int, new_window: int) -> None:
         """Move the GPU/host split: the GPU's recent window becomes ``new_window`` tokens."""
-        moved = self.windows[layer].resize(self.gpu[layer], self.host[layer], new_window)
-        if moved:
-            self.count("bytes_d2h", moved)
+        self.count("bytes_d2h", self.windows[layer].resize(self.gpu[layer], self.host[layer], new_window))
 
     # ------------------------------------------------------------------ memory, performance model
     def footprint(self, shape: "KVShape") -> Footprint:
@@ -396,5 +392,8 @@ class HybridGen(KVMethod):
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
         """PROJECTED layer cost (:func:`hybridgen.hybrid.cost.hybridgen_layer_cost`)."""
         from hybridgen.hybrid.cost import hybridgen_layer_cost  # lazy: the cost needs the perf package
-
         return hybridgen_layer_cost(self, c)
+
+    def priced_config(self) -> Dict[str, Any]:  # a scheduler-owned top-k at the ratio the cost prices
+        from hybridgen.hybrid.cost import priced_topk_ratio
+        return {**self.output_config(), "topk_ratio": priced_topk_ratio(self)}

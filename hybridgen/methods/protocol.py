@@ -174,3 +174,9 @@ class KVMethod:
         ``placement_params`` (two configs with equal output configs give the same outputs, so an
         accuracy measured for one holds for the other)."""
         return {k: v for k, v in self.config().items() if k not in self.placement_params}
+
+    def priced_config(self) -> Dict[str, Any]:
+        """The output configuration the performance model prices: :meth:`output_config` with every
+        knob the run adapts as it goes (e.g. a scheduler-owned ratio) at the value :meth:`layer_cost`
+        assumes. An accuracy belongs next to a projected speed only when measured at this."""
+        return self.output_config()
