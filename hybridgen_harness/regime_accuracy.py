@@ -152,26 +152,36 @@ def _fid_text(fids: Sequence[Optional[Fidelity]]) -> str:
     if not got:
         return "not measured" if fids else "-"
     t1, kl = [f.top1 for f in got], [f.mean_kl for f in got]
-    text = (f"{min(t1):.3f} / {max(kl):.2g}" if len(set(t1)) == 1 and len(set(kl)) == 1 else
-            f"{min(t1):.3f}-{max(t1):.3f} / {min(kl):.2g}-{max(kl):.2g}")
+    span = lambda xs, fmt: fmt.format(min(xs)) + ("" if min(xs) == max(xs) else "-" + fmt.format(max(xs)))  # noqa: E731
+    text = f"{span(t1, '{:.3f}')} / {span(kl, '{:.2g}')}"
     return text + (f" ({missing} cells not measured)" if missing else "")
 
 
 def accuracy_markdown(acc: Sequence[AccuracyRow], labels: Mapping[str, str], gpu_titles: Mapping[str, str],
                       source: str) -> str:
-    """The table of speed next to accuracy, one row per (placement, gpu, baseline)."""
+    """Two tables: per baseline, its measured fidelity next to HybridGen's projected speedup over it on
+    each (placement, GPU); per (placement, GPU), HybridGen's measured fidelity in those cells."""
     models = sorted({f"{f.model} at {f.context} tokens" for a in acc for f in a.baseline_fid + a.hybridgen_fid if f})
-    lines = [f"Accuracy next to speed, in-regime cells only. Speed: the verdict's PROJECTED geometric-mean "
-             f"speedup of HybridGen (default) over the baseline. Accuracy: MEASURED fidelity to `full` "
-             f"(top-1 agreement / mean KL in nats, 127 teacher-forced decode positions) of the configuration each "
-             f"side runs with in those cells, on {', '.join(models) or 'no measured model'} ({source}); a range "
-             f"where the cells' configurations differ (HybridGen's GPU share follows each cell's budget).", "",
-             "| placement | GPU | baseline | speedup (projected) | baseline top-1 / KL | HybridGen top-1 / KL |",
-             "|---|---|---|---|---|---|"]
-    for a in acc:
-        sp = "-" if a.speedup is None else f"{a.speedup:.2f}x (n={a.cells})"
-        lines.append(f"| {a.placement} | {gpu_titles.get(a.gpu, a.gpu)} | {labels.get(a.baseline, a.baseline)} | {sp} "
-                     f"| {_fid_text(a.baseline_fid)} | {_fid_text(a.hybridgen_fid)} |")
+    placements = list(dict.fromkeys(a.placement for a in acc))
+    gpus = list(dict.fromkeys(a.gpu for a in acc))
+    by = {(a.placement, a.gpu, a.baseline): a for a in acc}
+    titles = [gpu_titles.get(g, g) for g in gpus]
+    lines = [f"In-regime cells only. Speed: the verdict's PROJECTED geometric-mean speedup of HybridGen (default) "
+             f"over the baseline (n cells). Accuracy: MEASURED fidelity to `full` (top-1 agreement / mean KL in nats, "
+             f"127 teacher-forced decode positions) of the configuration each side runs with in those cells, on "
+             f"{', '.join(models) or 'no measured model'} ({source}); a range where the cells' configurations "
+             f"differ.", "",
+             "| baseline | baseline top-1 / KL | " + " | ".join(f"speedup, {p}: {t}" for p in placements for t in titles)
+             + " |", "|---|---|" + "---|" * (len(placements) * len(gpus))]
+    for base in dict.fromkeys(a.baseline for a in acc):
+        fids = [f for a in acc if a.baseline == base for f in a.baseline_fid]
+        cells = [by.get((p, g, base)) for p in placements for g in gpus]
+        lines.append(f"| {labels.get(base, base)} | {_fid_text(fids)} | " + " | ".join(
+            "-" if c is None or c.speedup is None else f"{c.speedup:.2f}x (n={c.cells})" for c in cells) + " |")
+    lines += ["", "| HybridGen (default), top-1 / KL | " + " | ".join(titles) + " |", "|---|" + "---|" * len(gpus)]
+    for p in placements:
+        lines.append(f"| placement {p} | " + " | ".join(
+            _fid_text([f for a in acc if (a.placement, a.gpu) == (p, g) for f in a.hybridgen_fid]) for g in gpus) + " |")
     return "\n".join(lines) + "\n"
 
 

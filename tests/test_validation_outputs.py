@@ -243,3 +243,16 @@ def test_lm_eval_run_that_saved_nothing_is_detected(tmp_path):
     out.parent.mkdir(parents=True)
     (out.parent / "results_2026-01-01.json").write_text(json.dumps({}))
     assert saved_results(str(out), 0.0) and not saved_results(str(out), os.path.getmtime(out.parent) + 100)
+
+
+def test_bench_baselines_takes_method_parameters_and_refuses_bad_ones_before_loading_a_model():
+    from benchmarks import bench_baselines
+
+    m = bench_baselines._make("hybridgen:gpu_budget=0.07:topk_ratio=0.05", "0.2")
+    assert (m.name, str(m.gpu_budget), m.topk_ratio) == ("hybridgen", "0.07", 0.05)
+    m = bench_baselines._make("flexgen-int4:compress_gpu_kv=true", "0.2")  # a preset, then a parameter on top
+    assert m.compress_kv and m.compress_gpu_kv
+    for spec, text in (("hybridgen:gpu_budget", "is not key=value"), ("h2o:nosuch=1", "has no parameter 'nosuch'"),
+                       ("h2o:budget=2x", "budget")):
+        rc, _, err = _call(bench_baselines.main, ["--methods", spec, "--model", "nosuch-model"])
+        assert rc == 2 and text in _one_error_line(err), spec

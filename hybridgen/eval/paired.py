@@ -166,3 +166,18 @@ def markdown(rows: Iterable[Comparison], reference: str, margin: float = 0.02,
                  f"percentile); **significant** = the interval excludes zero. **equivalent within ±{margin:g}** "
                  f"(a separate test): *yes* = the whole interval is inside ±{margin:g}, *no* = entirely beyond it, "
                  f"*undecided* = more items are needed to tell.")
+
+
+def items_to_decide(differences: Sequence[float], delta: float = 0.02, level: float = LEVEL,
+                    power: float = 0.8) -> Optional[int]:
+    """Items a paired comparison needs for a true mean difference of ``delta`` to come out significant
+    (two-sided, ``level``) with probability ``power``: n = (z_{(1+level)/2} + z_power)^2 var(d) / delta^2
+    (normal approximation), var(d) estimated from observed per-item differences d (method - reference,
+    shape (n,)). None when every observed difference is zero (no variance to scale from)."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size < 2 or not np.any(d != d[0]):
+        return None
+    z = stats.norm.ppf((1 + level) / 2) + stats.norm.ppf(power)
+    return int(math.ceil(z * z * float(d.var(ddof=1)) / (delta * delta)))
