@@ -157,3 +157,26 @@ def test_cli_wrapper_adds_our_task_dir_to_the_include_path(tmp_path):
     assert include_paths(None, "/t") == ["/t"]
     assert include_paths(str(a), "/t") == [str(a), "/t"]                  # a list: lm-eval reads a str as ONE path
     assert include_paths(f"{a}{os.pathsep}{b}", "/t") == [str(a), str(b), "/t"]
+
+
+def test_each_distinct_context_is_prefilled_once_with_the_scores_of_a_prefill_per_row(engine, monkeypatch):
+    """Multiple-choice rows share their context: one dense prefill for all of them and for the
+    fidelity reference, and the same scores and fidelity as a prefill per row."""
+    import hybridgen.model.shared_prefill as sp
+
+    ctx = "A long context about cats and dogs and birds. " * 3
+    reqs = [Req(ctx, " cats"), Req(ctx, " birds"), Req(ctx, " dogs and more"), Req("Other context", " here")]
+    recorded = []
+    real = sp.record_prefill
+    monkeypatch.setattr(sp, "record_prefill", lambda e, ids, *a, **k: recorded.append(ids.shape[0]) or real(e, ids, *a, **k))
+    shared = _lm(engine, method="streamingllm", budget=8, fidelity=True)
+    got = shared.loglikelihood(reqs)
+    assert recorded == [2]  # one batch, two distinct contexts: two rows prefilled, not four (or eight)
+    per_row = _lm(engine, method="streamingllm", budget=8, fidelity=True)
+    per_row.share_prefill = False
+    want = per_row.loglikelihood(reqs)
+    assert recorded == [2]  # the per-row path records nothing
+    for (a, ga), (b, gb) in zip(got, want):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-5) and ga == gb
+    assert shared.fidelity_summary["tokens"] == per_row.fidelity_summary["tokens"] > 0
+    assert shared.fidelity_summary["mean_kl"] == pytest.approx(per_row.fidelity_summary["mean_kl"], rel=1e-4, abs=1e-7)

@@ -54,17 +54,20 @@ def make_store(hw: Mapping[str, Any], engine=None, capacities: Optional[Mapping[
 
 @torch.no_grad()
 def teacher_forced_logits(engine, method, input_ids: Tensor, attention_mask: Optional[Tensor],
-                          tokens: Tensor, store=None, pool=None, progress: bool = False) -> Tensor:
+                          tokens: Tensor, store=None, pool=None, progress: bool = False,
+                          shared_prefill: Any = None) -> Tensor:
     """Logits [B, n, V] (float32) of ``method`` when the n given ``tokens`` [B, n] are fed back.
 
     logits[:, 0] come from the prefill; logits[:, t] (t >= 1) from the decode step fed tokens[:, t-1].
+    shared_prefill: the recorded dense prefill of these inputs (hybridgen.model.shared_prefill).
     The method is released before returning.
     """
     n = int(tokens.shape[1])
     if n < 1:
         raise ConfigError("teacher forcing needs at least one token")
     try:
-        out = [engine.prefill(input_ids, attention_mask, method, store=store, max_new_tokens=n, pool=pool)]
+        shared = {} if shared_prefill is None else {"shared_prefill": shared_prefill}
+        out = [engine.prefill(input_ids, attention_mask, method, store=store, max_new_tokens=n, pool=pool, **shared)]
         steps = range(n - 1)
         if progress:
             from tqdm.auto import tqdm

@@ -67,6 +67,15 @@ class SharedPrefill:
             raise ConfigError(f"shared_prefill was recorded for up to {self.max_new_tokens} new tokens, not "
                               f"{max_new_tokens}; record it with max_new_tokens >= {max_new_tokens}")
 
+    def rows(self, index: Tensor) -> "SharedPrefill":
+        """The record of rows ``index`` [B'] (a LongTensor into this record's batch; repeats allowed):
+        the same prompts prefilled once, handed to a batch that holds some of them several times."""
+        pick = lambda t: t.index_select(0, index)  # noqa: E731
+        valid = None if self.valid is None else pick(self.valid)
+        return SharedPrefill(ids=pick(self.ids), valid=None if valid is None or bool(valid.all()) else valid,
+                             positions=pick(self.positions), layers=[tuple(map(pick, t)) for t in self.layers],
+                             logits=pick(self.logits), max_new_tokens=self.max_new_tokens, engine_id=self.engine_id)
+
     @property
     def nbytes(self) -> int:
         """Bytes the recorded q/k/v hold."""
