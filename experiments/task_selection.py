@@ -66,12 +66,12 @@ def selection(runs: Dict[str, Dict[Item, float]], choices: Dict[Item, int], refe
         k = int(round(sum(ref[i] for i in items)))
         ci = stats.binomtest(k, len(items)).proportion_ci(confidence_level=paired.LEVEL, method="exact")
         chance = statistics.fmean(1.0 / choices[i] for i in items)
-        needs = [n for label, scores in runs.items() if label != reference
-                 for n in [paired.items_to_decide([scores[i] - ref[i] for i in items if i in scores], delta)]
-                 if n is not None]
+        diffs = [[scores[i] - ref[i] for i in items if i in scores] for label, scores in runs.items()
+                 if label != reference and any(i in scores for i in items)]
+        needs = [n for d in diffs for n in [paired.items_to_decide(d, delta)] if n is not None]
         out.append({"task": task, "items": len(items), "chance": chance, "score": k / len(items),
                     "low": ci.low, "high": ci.high, "above_chance": ci.low > chance,
-                    "methods": len(needs), "needed_median": int(statistics.median(needs)) if needs else None,
+                    "compared": len(diffs), "methods": len(needs), "needed_median": int(statistics.median(needs)) if needs else None,
                     "needed_max": max(needs) if needs else None})
     return out
 
@@ -80,8 +80,12 @@ def markdown(rows: List[Dict[str, object]], reference: str, delta: float) -> str
     lines = [f"| task | items | chance | `{reference}` acc_norm [95% CI] | above chance | items to decide a {delta:g} "
              "difference (median / largest over methods) |", "|---|---|---|---|---|---|"]
     for r in rows:
-        need = ("no other method run" if r["needed_median"] is None else
-                f"{r['needed_median']:,} / {r['needed_max']:,} ({r['methods']} methods that differ on some item)")
+        if r["needed_median"] is not None:
+            need = f"{r['needed_median']:,} / {r['needed_max']:,} ({r['methods']} methods that differ on some item)"
+        elif r["compared"]:
+            need = f"undetermined: the {r['compared']} other methods agree with `{reference}` on every item"
+        else:
+            need = "no other method run"
         lines.append(f"| {r['task']} | {r['items']} | {r['chance']:.3f} | {r['score']:.3f} [{r['low']:.3f}, "
                      f"{r['high']:.3f}] | {'yes' if r['above_chance'] else '**no**'} | {need} |")
     return "\n".join(lines) + "\n"

@@ -45,6 +45,10 @@ def test_a_task_at_chance_is_flagged_and_one_above_is_not(tmp_path):
     rows = ts.selection(*ts.load_runs(tmp_path / "b"))
     assert rows[0]["chance"] == 0.25 and rows[0]["above_chance"] and rows[0]["needed_median"] is None
     assert "no other method run" in ts.markdown(rows, "full", 0.02)
+    _run(tmp_path / "b", "hybrid-exact", above, n_choices=4)  # a lossless method: no discordant item
+    rows = ts.selection(*ts.load_runs(tmp_path / "b"))
+    assert rows[0]["compared"] == 1 and rows[0]["needed_median"] is None
+    assert "the 1 other methods agree with `full` on every item" in ts.markdown(rows, "full", 0.02)
 
 
 def test_no_reference_run_is_one_line(tmp_path):
