@@ -160,8 +160,8 @@ def test_cli_wrapper_adds_our_task_dir_to_the_include_path(tmp_path):
 
 
 def test_each_distinct_context_is_prefilled_once_with_the_scores_of_a_prefill_per_row(engine, monkeypatch):
-    """Multiple-choice rows share their context: one dense prefill for all of them and for the
-    fidelity reference, and the same scores and fidelity as a prefill per row."""
+    """Multiple-choice rows share their context: one dense prefill for all of them, and the same
+    scores and fidelity as a prefill per row."""
     import hybridgen.model.shared_prefill as sp
 
     ctx = "A long context about cats and dogs and birds. " * 3
@@ -171,7 +171,7 @@ def test_each_distinct_context_is_prefilled_once_with_the_scores_of_a_prefill_pe
     monkeypatch.setattr(sp, "record_prefill", lambda e, ids, *a, **k: recorded.append(ids.shape[0]) or real(e, ids, *a, **k))
     shared = _lm(engine, method="streamingllm", budget=8, fidelity=True)
     got = shared.loglikelihood(reqs)
-    assert recorded == [2]  # one batch, two distinct contexts: two rows prefilled, not four (or eight)
+    assert recorded == [2]  # one batch, two distinct contexts: two rows prefilled, not four
     per_row = _lm(engine, method="streamingllm", budget=8, fidelity=True)
     per_row.share_prefill = False
     want = per_row.loglikelihood(reqs)

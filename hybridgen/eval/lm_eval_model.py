@@ -46,11 +46,11 @@ How a KV method acts on scores (the honest way; documented choice):
   sorting keeps close to its own).
 
 Each distinct context of a batch is prefilled densely ONCE (the choices of a multiple-choice item
-share theirs), and every row of it, and the fidelity reference, starts from that record
+share theirs) and every row holding it starts from that record
 (:mod:`hybridgen.eval.forced_scoring`; the same scores as a prefill per row).
 
-Fidelity (``fidelity=true``): every decode-scored token's distribution is compared with
-``full``'s over the same tokens (teacher-forced from the same prefill): top-1 agreement and KL(full || method),
+Fidelity (``fidelity=true``): every decode-scored token's distribution is compared with the
+dense pass over the same tokens (= ``full``): top-1 agreement and KL(full || method),
 accumulated over tokens; read it from :attr:`HybridGenLM.fidelity_summary`. lm-eval calls
 :meth:`HybridGenLM.get_model_info` after the evaluation: the method, its parameters and the
 fidelity summary go into the results' ``config`` (so into lm-eval's results JSON), and the
@@ -113,8 +113,8 @@ class HybridGenLM(LM):
         self._fid = {"tokens": 0, "top1": 0.0, "kl": 0.0, "max_kl": 0.0}
         self.requests_scored = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0,
                                 "one_token_context": 0}
-        # one dense prefill per distinct context of a batch, for the method and the fidelity reference
-        # (hybridgen.eval.forced_scoring); False: a prefill per row (the same scores, for comparisons)
+        # one dense prefill per distinct context of a batch (hybridgen.eval.forced_scoring); False: a
+        # prefill per row (the same scores, for comparisons)
         self.share_prefill = True
 
     # ------------------------------------------------------------------ helpers
@@ -199,10 +199,9 @@ class HybridGenLM(LM):
                 "top1_agreement": self._fid["top1"] / n if n else None,
                 "mean_kl": self._fid["kl"] / n if n else None, "max_kl": self._fid["max_kl"] if n else None}
 
-    def _decode_logits(self, known: torch.Tensor, targets: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                       reference: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(method logits, ``full``'s logits or None) [B, L, V] where [:, j] predicts targets[:, j], every
-        one from a decode step.
+    def _decode_logits(self, known: torch.Tensor, targets: torch.Tensor,
+                       mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits [B, L, V] where [:, j] predicts targets[:, j], every one from a decode step.
 
         known [B, T0] (T0 >= 2, left-padded when ``mask`` [B, T0] is given): all but its last
         token are prefilled (each distinct context once: hybridgen.eval.forced_scoring), the last is
@@ -212,9 +211,7 @@ class HybridGenLM(LM):
 
         tokens = torch.cat([known[:, -1:], targets], 1)
         pre_mask = None if mask is None or bool(mask[:, :-1].all()) else mask[:, :-1]
-        logits, ref = forced_scores(self.engine, self.new_method(), known[:, :-1], pre_mask, tokens, reference,
-                                    self.share_prefill)
-        return logits[:, 1:], None if ref is None else ref[:, 1:]
+        return forced_scores(self.engine, self.new_method(), known[:, :-1], pre_mask, tokens, self.share_prefill)[:, 1:]
 
     def _pad_left(self, rows: List[List[int]]) -> Tuple[torch.Tensor, torch.Tensor]:
         T = max(len(r) for r in rows)
@@ -227,40 +224,34 @@ class HybridGenLM(LM):
         L = max(len(c) for c in conts)
         return torch.tensor([c + [self.prefix_id] * (L - len(c)) for c in conts], dtype=torch.long)
 
-    def _method_logits(self, ctxs: List[List[int]], conts: List[List[int]], reference: bool = False
-                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(method logits, ``full``'s logits when ``reference``, else None) [B, L, V] scoring each
-        continuation given its context (row b: positions < len(conts[b]) are valid). Contexts are
-        left-padded to a common length.
+    def _method_logits(self, ctxs: List[List[int]], conts: List[List[int]]) -> torch.Tensor:
+        """Logits [B, L, V] scoring each continuation given its context (row b: positions
+        < len(conts[b]) are valid). Contexts are left-padded to a common length.
 
         Rows with a one-token context are scored apart (see module docstring): the prefill
         over that token predicts the first continuation token, decode steps the rest.
         """
-        from hybridgen.eval.forced_scoring import forced_scores
-
         if self.score_mode == "prefill":
-            return self._dense_logits(ctxs, conts), None
+            return self._dense_logits(ctxs, conts)
         one = [b for b, c in enumerate(ctxs) if len(c) < 2]
+        if not one:
+            known, mask = self._pad_left(ctxs)
+            return self._decode_logits(known, self._targets(conts), mask)
+        from hybridgen.eval.generation import teacher_forced_logits
+
         rest = [b for b in range(len(ctxs)) if b not in one]
-        parts = []
-        if one:
-            parts.append((one, forced_scores(self.engine, self.new_method(),
+        parts = [(one, teacher_forced_logits(self.engine, self.new_method(),
                                              torch.tensor([ctxs[b] for b in one], dtype=torch.long), None,
-                                             self._targets([conts[b] for b in one]), reference, self.share_prefill)))
-            self.requests_scored["one_token_context"] += len(one)
+                                             self._targets([conts[b] for b in one])))]
         if rest:
             known, mask = self._pad_left([ctxs[b] for b in rest])
-            parts.append((rest, self._decode_logits(known, self._targets([conts[b] for b in rest]), mask, reference)))
-        if len(parts) == 1 and len(parts[0][0]) == len(ctxs):
-            return parts[0][1]
+            parts.append((rest, self._decode_logits(known, self._targets([conts[b] for b in rest]), mask)))
+        self.requests_scored["one_token_context"] += len(one)
         L = max(len(c) for c in conts)
-        V = parts[0][1][0].shape[-1]
-        out = [parts[0][1][0].new_zeros(len(ctxs), L, V), parts[0][1][0].new_zeros(len(ctxs), L, V) if reference else None]
-        for rows, pair in parts:
-            for o, logits in zip(out, pair):
-                if o is not None:
-                    o[rows, :logits.shape[1]] = logits
-        return out[0], out[1]
+        out = parts[0][1].new_zeros(len(ctxs), L, parts[0][1].shape[-1])
+        for rows, logits in parts:
+            out[rows, :logits.shape[1]] = logits
+        return out
 
     def _dense_logits(self, ctxs: List[List[int]], conts: List[List[int]]) -> torch.Tensor:
         """Dense (full-attention) logits [B, L, V] at each row's continuation positions."""
@@ -289,7 +280,8 @@ class HybridGenLM(LM):
         for s in range(0, len(items), self.batch):
             chunk = items[s:s + self.batch]
             ctxs, conts = [c for _, c, _ in chunk], [c for _, _, c in chunk]
-            logits, ref = self._method_logits(ctxs, conts, reference=self.fidelity and self.score_mode == "decode")
+            logits = self._method_logits(ctxs, conts)
+            ref = self._dense_logits(ctxs, conts) if (self.fidelity and self.score_mode == "decode") else None
             logp = F.log_softmax(logits.float(), -1)
             for b, (idx, _, cont) in enumerate(chunk):
                 n = len(cont)
@@ -336,7 +328,7 @@ class HybridGenLM(LM):
         total = float(dense[:P].gather(-1, tgt[:P, None]).sum())
         if P < m:
             known = torch.tensor([seq[:P + 1]], dtype=torch.long)
-            logits = self._decode_logits(known, tgt[None, P:])[0][0]
+            logits = self._decode_logits(known, tgt[None, P:])[0]
             lp = F.log_softmax(logits.float(), -1)
             total += float(lp.gather(-1, tgt[P:, None]).sum())
             if self.fidelity:
