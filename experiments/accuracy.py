@@ -5,7 +5,7 @@ ones from hybridgen/eval/tasks, or hub tasks for users with a network), and retu
 
     accuracy   {task: {metric: value, metric_stderr: value}}   (lm-eval's numbers, 'none' filter
                or the task's named filter stripped from the key)
-    fidelity   top-1 agreement / mean KL of every decode-scored token vs `full` teacher-forced from the same prefill
+    fidelity   top-1 agreement / mean KL of every decode-scored token vs the dense pass (= full)
     needle     [{length, depth, score, n}] per cell of hg_needle (for the heatmap)
     lm_eval    versions, task configs' hashes, n-samples per task; samples.jsonl in the run dir
 """
