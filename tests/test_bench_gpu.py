@@ -38,7 +38,7 @@ def test_imports_no_harness_package():
 
 @pytest.mark.parametrize("name,reg", [("hybrid-exact", "hybrid-exact"), ("hybridgen", "hybridgen"),
                                       ("flexgen-stream", "flexgen"), ("flexgen-cpu", "flexgen"),
-                                      ("hybridgen-sketch", "hybridgen")])
+                                      ("hybridgen-sketch", "hybridgen"), ("hybridgen-three-way", "hybridgen")])
 def test_methods_get_gpu_budget_one_minus_host_share(name, reg):
     m = make_method(name, 0.9, 0.05)
     assert m.name == reg and m.gpu_budget == Budget(ratio=0.1)
@@ -46,16 +46,17 @@ def test_methods_get_gpu_budget_one_minus_host_share(name, reg):
         assert m.attention_on == ("gpu" if name == "flexgen-stream" else "cpu")
     if reg == "hybridgen":
         assert m.topk_ratio == 0.05 and m.key_sketch == ("int4" if name == "hybridgen-sketch" else "none")
+        assert m.three_way == (name == "hybridgen-three-way") and m.stream_ratio is None  # the scheduler balances it
     assert make_method("hybridgen", 0.9, None, {"min_stand_in_cos": -1.0}).min_stand_in_cos == -1.0
 
 
 def test_grid_runs_the_target_first_and_full_once_per_context():
     cfg = BenchConfig.smoke()
     order = grid(cfg)
-    assert order[:6] == [(512, 0.9, m) for m in ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch",
-                                                  "flexgen-stream", "flexgen-cpu")]
+    assert order[:7] == [(512, 0.9, m) for m in ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch",
+                                                  "hybridgen-three-way", "flexgen-stream", "flexgen-cpu")]
     assert sorted(c for c, _, m in order if m == "full") == [256, 512]
-    assert len(order) == len(set(order)) == 2 + 2 * 2 * 5
+    assert len(order) == len(set(order)) == 2 + 2 * 2 * 6
 
 
 def test_clock_keeps_margin_and_reserve():

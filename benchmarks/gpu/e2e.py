@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.gpu.config import METHODS, BenchConfig, Clock, Emit, error_row, free, make_method, sync
+from benchmarks.gpu.config import AT_TOPK, METHODS, BenchConfig, Clock, Emit, error_row, free, make_method, sync
 from hybridgen.kv import TieredStore
 
 
@@ -69,7 +69,7 @@ def run_e2e(cfg: BenchConfig, device: torch.device, clock: Clock, emit: Emit, re
             emit(dict(row, status="skipped (time guard)"))
             continue
         try:
-            extra = cfg.e2e_hybridgen if name == "hybridgen" else None
+            extra = cfg.e2e_hybridgen if name in AT_TOPK else None
             res = _decode(engine, make_method(name, cfg.e2e_share, None, extra), ids, cfg.e2e_tokens, device)
             warm = 1 if len(res["step_s"]) > 1 else 0  # the first decode step is a warm-up
             steps: List[float] = res["step_s"][warm:]

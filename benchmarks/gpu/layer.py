@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from benchmarks.gpu.config import HOST_METHODS, METHODS, BenchConfig, Clock, Emit, error_row, free, make_method, \
+from benchmarks.gpu.config import AT_TOPK, HOST_METHODS, METHODS, BenchConfig, Clock, Emit, error_row, free, make_method, \
     rel_err, sync
 from hybridgen.attention.partial import partial_attention
 from hybridgen.testing import MethodDriver, Shape
@@ -62,7 +62,7 @@ class LayerInputs:
 def run_layer(cfg: BenchConfig, inputs: LayerInputs, name: str, context: int, share: float) -> Dict[str, Any]:
     """One method at one (context, host share): median decode time, branch times, bytes moved."""
     device = inputs.device
-    method = make_method(name, share, cfg.topk_ratio if name == "hybridgen" else None)
+    method = make_method(name, share, cfg.topk_ratio if name in AT_TOPK else None)
     n_steps = cfg.steps + cfg.warmup
     row: Dict[str, Any] = {"section": "layer", "context": context, "host_share": share, "method": name}
     try:
@@ -90,7 +90,7 @@ def run_layer(cfg: BenchConfig, inputs: LayerInputs, name: str, context: int, sh
         kv_bytes = 2 * cfg.batch * cfg.kv_heads * context * cfg.head_dim * torch.tensor([], dtype=cfg.dtype).element_size()
         row.update(ms=ms, kv_gbps=kv_bytes / (ms / 1e3) / 1e9, rel_err=err, h2d_mb=statistics.median(h2d) / 1e6,
                    status="ok")
-        if name == "hybridgen":
+        if name in AT_TOPK:
             row.update(cpu_branch_ms=statistics.median(cpu_b) * 1e3, gpu_branch_ms=statistics.median(gpu_b) * 1e3)
     finally:
         method.release()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Tuple
 
-from benchmarks.gpu.config import BenchConfig, make_method
+from benchmarks.gpu.config import AT_TOPK, BenchConfig, make_method
 
 
 def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
@@ -24,7 +24,7 @@ def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]]) -> Tuple
         if r.get("status") != "ok":
             continue
         key = f"{r['method']} @ {r['context']} / {int(round(r['host_share'] * 100))}%"
-        method = make_method(r["method"], r["host_share"], cfg.topk_ratio if r["method"] == "hybridgen" else None)
+        method = make_method(r["method"], r["host_share"], cfg.topk_ratio if r["method"] in AT_TOPK else None)
         if method.name == "hybridgen":
             method = dataclasses.replace(method, pipeline=False)
         try:
