@@ -114,11 +114,18 @@ def outcome_of(speedup: Optional[float], low: Optional[float], high: Optional[fl
     return "inconclusive"
 
 
-def verdict(rows: Sequence[Mapping[str, Any]], placement: str, gpu: str, baseline: str) -> Verdict:
-    """The :class:`Verdict` of ``baseline`` on ``gpu`` in ``placement`` from the IN-REGIME rows only."""
+def in_regime_cells(rows: Sequence[Mapping[str, Any]], placement: str, gpu: str, baseline: str
+                    ) -> Tuple[List[Mapping[str, Any]], List[Mapping[str, Any]]]:
+    """(the IN-REGIME rows of ``baseline`` on ``gpu`` in ``placement``, those of them where both sides
+    fit: the cells a verdict uses)."""
     cells = [r for r in rows if r["placement"] == placement and r["gpu"] == gpu and r["baseline"] == baseline
              and r["regime"] == IN_REGIME]
-    used = [r for r in cells if _num(r.get("speedup")) is not None]
+    return cells, [r for r in cells if _num(r.get("speedup")) is not None]
+
+
+def verdict(rows: Sequence[Mapping[str, Any]], placement: str, gpu: str, baseline: str) -> Verdict:
+    """The :class:`Verdict` of ``baseline`` on ``gpu`` in ``placement`` from the IN-REGIME rows only."""
+    cells, used = in_regime_cells(rows, placement, gpu, baseline)
     why = "; ".join(f"{n}x {s}" for s, n in sorted(Counter(str(r.get("status")) for r in cells
                                                             if _num(r.get("speedup")) is None).items()))
     if not used:

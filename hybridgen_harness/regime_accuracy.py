@@ -133,8 +133,7 @@ def accuracy_rows(rows: Sequence[Mapping[str, Any]], measured: Sequence[Fidelity
     where both fit, the measured fidelity of the baseline's and HybridGen's configuration there."""
     out = []
     for v in rg.verdicts(rows, placements, gpus, baselines):
-        used = [r for r in rows if (r["placement"], r["gpu"], r["baseline"]) == (v.placement, v.gpu, v.baseline)
-                and r["regime"] == rg.IN_REGIME and rg._num(r.get("speedup")) is not None]
+        used = rg.in_regime_cells(rows, v.placement, v.gpu, v.baseline)[1]
         base, hg = [], []
         for r in used:
             ctx = int(r["context"])

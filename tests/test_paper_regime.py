@@ -1,8 +1,6 @@
 """+exp=paper_regime (issue 23): the in/out-of-regime label, the verdict from in-regime cells only,
 both placements, host fit, the committed table and the README's generated verdict."""
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,11 +10,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests._inprocess import resolved_job  # noqa: E402
 from experiments import paper_regime as pr  # noqa: E402
 from hybridgen_harness import regime as rg  # noqa: E402
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-       "NUMBA_THREADING_LAYER": "workqueue"}
 COMMITTED = ROOT / "results" / "paper_regime"
 GPUS = ["a100", "h100", "h200"]
 
@@ -154,10 +151,7 @@ def _args():
 # -- the experiment and the committed results ------------------------------------------------------
 
 def test_cfg_job_resolves():
-    p = subprocess.run([sys.executable, "experiments/run.py", "+exp=paper_regime", "--cfg", "job"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    cfg = yaml.safe_load(p.stdout)
+    cfg = resolved_job("paper_regime")
     assert cfg["exp"]["name"] == "paper_regime" and cfg["exp"]["kind"] == "project"
 
 

@@ -5,8 +5,6 @@ is the baseline's step over HybridGen's, OOM and labels are shown), and the comm
 (results/paper_speedup/) on its shape: a row per baseline, a column per GPU, every cell labelled.
 """
 import csv
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,10 +14,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests._inprocess import resolved_job  # noqa: E402
 from experiments import paper_speedup as ps  # noqa: E402
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-       "NUMBA_THREADING_LAYER": "workqueue"}
 GPUS = ["a100", "h100", "rtx5090", "h200"]
 # the issue's "at least" list of baselines, as conf/method presets
 REQUIRED = ["flexgen", "flexgen-int4", "infinigen", "h2o-offload", "snapkv", "streamingllm", "quest", "uvm"]
@@ -73,10 +70,7 @@ def test_the_experiment_resolves_to_the_union_of_its_parts(prepared_cache):
 
 
 def test_cfg_job_resolves():
-    p = subprocess.run([sys.executable, "experiments/run.py", "+exp=paper_speedup", "--cfg", "job"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    cfg = yaml.safe_load(p.stdout)
+    cfg = resolved_job("paper_speedup")
     assert cfg["exp"]["name"] == "paper_speedup" and cfg["exp"]["kind"] == "project"
     assert cfg["model"]["name"] == "opt-13b" and cfg["workload"]["batch"] == 20
 

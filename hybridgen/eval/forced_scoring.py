@@ -30,15 +30,11 @@ def shared_prefill_of(engine: Any, pre: Tensor, pre_mask: Optional[Tensor], max_
 
     if not isinstance(engine, Engine):
         return None
-    keyed = pre if pre_mask is None else torch.cat([pre, pre_mask.to(pre.dtype)], 1)
+    T = pre.shape[1]
+    keyed = pre if pre_mask is None else torch.cat([pre, pre_mask.to(pre.dtype)], 1)  # a prompt is ids + mask
     distinct, index = torch.unique(keyed, dim=0, return_inverse=True)
-    first = torch.full((len(distinct),), -1, dtype=torch.long)
-    for row, d in enumerate(index.tolist()):  # a row holding each distinct prompt
-        if first[d] < 0:
-            first[d] = row
-    mask = None if pre_mask is None else pre_mask.index_select(0, first)
-    record = record_prefill(engine, pre.index_select(0, first), mask, max_new_tokens)
-    return record.rows(index)
+    mask = None if pre_mask is None else distinct[:, T:].to(pre_mask.dtype)
+    return record_prefill(engine, distinct[:, :T], mask, max_new_tokens).rows(index)
 
 
 def forced_scores(engine: Any, method: Any, pre: Tensor, pre_mask: Optional[Tensor], tokens: Tensor,

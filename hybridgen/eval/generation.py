@@ -66,8 +66,8 @@ def teacher_forced_logits(engine, method, input_ids: Tensor, attention_mask: Opt
     if n < 1:
         raise ConfigError("teacher forcing needs at least one token")
     try:
-        shared = {} if shared_prefill is None else {"shared_prefill": shared_prefill}
-        out = [engine.prefill(input_ids, attention_mask, method, store=store, max_new_tokens=n, pool=pool, **shared)]
+        out = [engine.prefill(input_ids, attention_mask, method, store=store, max_new_tokens=n, pool=pool,
+                              shared_prefill=shared_prefill)]
         steps = range(n - 1)
         if progress:
             from tqdm.auto import tqdm

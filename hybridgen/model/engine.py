@@ -202,6 +202,16 @@ class Engine(TextIO):
     def _cos_sin(self, positions: Tensor):
         return None if self.rotary is None else self.rotary.cos_sin(positions)
 
+    def _dense(self, ids: Tensor, positions: Tensor, attend, layers=None) -> Tensor:
+        """The dense pass over ids / positions [B, T]: hidden [B, T, h] after every layer, each
+        attending through ``attend(i, q, k, v)``; ``layers``: the layer indices to iterate (e.g. a
+        progress bar over them; default all)."""
+        h = self._embed(ids, positions)
+        cs = self._cos_sin(positions)
+        for i in range(self.spec.num_layers) if layers is None else layers:
+            h = self._layer(i, h, cs, attend)
+        return h
+
     # ------------------------------------------------------------------ input checks
     def _prepare(self, input_ids: Tensor, attention_mask: Optional[Tensor],
                  extra_positions: int) -> Tuple[Tensor, Optional[Tensor], Tensor]:
@@ -256,13 +266,9 @@ class Engine(TextIO):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         """Dense reference pass (no KV method): logits [B, T, V] float32."""
         ids, valid, positions = self._prepare(input_ids, attention_mask, 0)
-        h = self._embed(ids, positions)
-        cs = self._cos_sin(positions)
         scale = self.spec.scale
         attend = lambda i, q, k, v: ops.causal_attention(q, k, v, scale, valid, self.attn_chunk)  # noqa: E731
-        for i in range(self.spec.num_layers):
-            h = self._layer(i, h, cs, attend)
-        return self._logits(h)
+        return self._logits(self._dense(ids, positions, attend))
 
     @torch.no_grad()
     def prefill(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
@@ -306,11 +312,7 @@ class Engine(TextIO):
             layers = bar(range(s.num_layers), desc=f"prefill [{method.name}] {B}x{T} tok", unit="layer",
                          disable=None if B * T >= PREFILL_BAR_TOKENS else True, leave=False)
             if shared_prefill is None:
-                h = self._embed(ids, positions)
-                cs = self._cos_sin(positions)
-                for i in layers:
-                    h = self._layer(i, h, cs, attend)
-                logits = self._checked(self._logits(h[:, -1]))
+                logits = self._checked(self._logits(self._dense(ids, positions, attend, layers)[:, -1]))
             else:
                 for i in layers:
                     method.prefill(i, *shared_prefill.layers[i], valid)

@@ -93,8 +93,7 @@ def generate(engine: "Engine", input_ids: Tensor, method: Union[str, KVMethod] =
     try:
         engine._sync()
         t0 = time.perf_counter()
-        shared = {} if shared_prefill is None else {"shared_prefill": shared_prefill}
-        logits = engine.prefill(input_ids, attention_mask, method, store, max_new_tokens, pool, **shared)
+        logits = engine.prefill(input_ids, attention_mask, method, store, max_new_tokens, pool, shared_prefill)
         tok = pick(logits)
         engine._sync()
         prefill_s = time.perf_counter() - t0

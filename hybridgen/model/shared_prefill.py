@@ -103,10 +103,6 @@ def record_prefill(engine: "Engine", input_ids: Tensor, attention_mask: Optional
         layers.append((q, k, v))
         return ops.causal_attention(q, k, v, s.scale, valid, engine.attn_chunk)
 
-    h = engine._embed(ids, positions)
-    cs = engine._cos_sin(positions)
-    for i in range(s.num_layers):
-        h = engine._layer(i, h, cs, attend)
-    logits = engine._checked(engine._logits(h[:, -1]))
+    logits = engine._checked(engine._logits(engine._dense(ids, positions, attend)[:, -1]))
     return SharedPrefill(ids=ids, valid=valid, positions=positions, layers=layers, logits=logits,
                          max_new_tokens=max_new_tokens, engine_id=id(engine))
