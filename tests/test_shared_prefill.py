@@ -27,19 +27,18 @@ def _snapshot(shared):
     return [tuple(t.clone() for t in layer) for layer in shared.layers], shared.logits.clone()
 
 
-def test_every_method_from_a_shared_prefill_equals_its_own_prefill(tiny):
-    ids, mask = _inputs()
-    shared = record_prefill(tiny, ids, mask, max_new_tokens=6)
+def _every_method_equals_its_own_prefill(engine, ids, mask, new=6):
+    shared = record_prefill(engine, ids, mask, max_new_tokens=new)
     before_layers, before_logits = _snapshot(shared)
     checked = []
     for name in available_methods():
         params = DETERMINISTIC.get(name, {})
         if getattr(build_method(name, **params), "projected_only", None):
             continue
-        own = tiny.generate(ids, build_method(name, **params), max_new_tokens=6, attention_mask=mask,
-                            return_logits=True)
-        from_shared = tiny.generate(ids, build_method(name, **params), max_new_tokens=6, attention_mask=mask,
-                                    return_logits=True, shared_prefill=shared)
+        own = engine.generate(ids, build_method(name, **params), max_new_tokens=new, attention_mask=mask,
+                              return_logits=True)
+        from_shared = engine.generate(ids, build_method(name, **params), max_new_tokens=new, attention_mask=mask,
+                                      return_logits=True, shared_prefill=shared)
         assert torch.equal(own.tokens, from_shared.tokens), name
         assert torch.equal(own.logits, from_shared.logits), name
         assert own.peak_bytes_by_tier == from_shared.peak_bytes_by_tier, name
@@ -50,6 +49,28 @@ def test_every_method_from_a_shared_prefill_equals_its_own_prefill(tiny):
             assert torch.equal(t, o)
     assert torch.equal(shared.logits, before_logits)
     assert {"full", "flexgen", "h2o", "snapkv", "streamingllm", "quest", "infinigen", "hybridgen"} <= set(checked)
+    return shared
+
+
+def test_every_method_from_a_shared_prefill_equals_its_own_prefill(tiny):
+    _every_method_equals_its_own_prefill(tiny, *_inputs())
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_every_method_shares_a_prefill_on_the_transformers_backend(arch):
+    """Gemma 3 has sliding-window layers whose KV lives in transformers' cache: each replay starts
+    from a copy of the recorded one, and no decode writes into the record's cache."""
+    from hybridgen.hf import HFEngine
+    from tests._hf_tiny import prompts, tiny_pair
+
+    engine = HFEngine(tiny_pair(arch, dtype=torch.float32)[0], name=arch)
+    ids, mask = prompts(length=40)
+    shared = _every_method_equals_its_own_prefill(engine, ids, mask)
+    assert len(shared.layers) == len(engine.spec.method_layers)
+    assert all(layer.seen == ids.shape[1] for layer in shared.model_cache.layers if hasattr(layer, "seen"))
+    with pytest.raises(ConfigError, match="another engine"):
+        HFEngine(tiny_pair(arch, dtype=torch.float32)[0]).generate(ids, "full", max_new_tokens=2,
+                                                                   attention_mask=mask, shared_prefill=shared)
 
 
 def test_the_record_is_the_dense_prefill(tiny):

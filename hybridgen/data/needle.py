@@ -11,7 +11,11 @@ Choices where the original test (gkamradt's needle-in-a-haystack) differs or is 
 - ``length`` counts the whole prompt (haystack + needle + question) in tokens of the given
   tokenizer; without a tokenizer, 4 characters count as one token (an estimate, recorded);
 - several samples per (length, depth) use different cities, numbers and haystack offsets,
-  all from ``seed``.
+  all from ``seed``;
+- variants (RULER's niah kinds, numeric): ``single`` (one needle), ``multikey`` (the needle
+  plus 3 needles of other cities at random depths; the question names one city) and
+  ``multivalue`` (2 numbers for the same city, the first at ``depth``, the other at a random
+  depth; the answer is both, in any order). Sample s of a cell uses ``variants[s % len(variants)]``.
 """
 from __future__ import annotations
 
@@ -25,6 +29,11 @@ CITIES = ["Chicago", "Yangon", "Antananarivo", "Colombo", "Almaty", "Sydney", "M
 NEEDLE = "The special magic number for {city} is: {number}."
 QUESTION = ("\n\nWhat is the special magic number for {city} mentioned in the text above? "
             "The special magic number for {city} mentioned in the text above is:")
+QUESTION_ALL = ("\n\nWhat are all the special magic numbers for {city} mentioned in the text above? "
+                "The special magic numbers for {city} mentioned in the text above are:")
+VARIANTS = ("single", "multikey", "multivalue")
+DISTRACTORS = 3   # other cities' needles in a multikey doc
+VALUES = 2        # numbers for the asked city in a multivalue doc
 PREFIX = "Some special magic numbers are hidden within the following text. Make sure to memorize them.\n\n"
 CHARS_PER_TOKEN = 4.0
 
@@ -44,24 +53,40 @@ def _insert_at_depth(haystack: str, needle: str, depth: float) -> str:
     return (haystack[:pos].rstrip() + " " + needle + " " + haystack[pos:].lstrip()).strip()
 
 
+def _needles(rng: random.Random, variant: str, depth: float):
+    """(city, [(needle sentence, depth)], answer) of one doc: the asked needle first."""
+    city = CITIES[rng.randrange(len(CITIES))]
+    numbers = [str(rng.randrange(1_000_000, 10_000_000)) for _ in range(VALUES if variant == "multivalue" else 1)]
+    needles = [(NEEDLE.format(city=city, number=n), depth if i == 0 else rng.uniform(0, 100))
+               for i, n in enumerate(numbers)]
+    if variant == "multikey":
+        others = rng.sample([c for c in dict.fromkeys(CITIES) if c != city], DISTRACTORS)
+        needles += [(NEEDLE.format(city=c, number=str(rng.randrange(1_000_000, 10_000_000))), rng.uniform(0, 100))
+                    for c in others]
+    return city, needles, " ".join(numbers)
+
+
 def build_docs(corpus: str, lengths: Sequence[int], depths: Sequence[float], samples: int = 1,
-               tokenizer=None, seed: int = 0) -> List[dict]:
-    """Needle docs: {"id", "length", "depth", "sample", "prompt", "answer", "city"}.
+               tokenizer=None, seed: int = 0, variants: Sequence[str] = ("single",)) -> List[dict]:
+    """Needle docs: {"id", "length", "depth", "sample", "variant", "prompt", "answer", "city", "tokens"}.
 
     corpus: the haystack text (e.g. all essays). lengths: prompt lengths in tokens.
-    depths: needle positions in percent (0 = start, 100 = end of the haystack).
+    depths: needle positions in percent (0 = start, 100 = end of the haystack). variants: see the
+    module docstring; answer: the number, or the numbers separated by spaces (multivalue).
     """
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise ValueError(f"needle variants must be among {', '.join(VARIANTS)}, got {list(variants)}")
     count = _counter(tokenizer)
     rng = random.Random(seed)
     docs = []
     for length in lengths:
         for depth in depths:
             for s in range(samples):
-                city = CITIES[rng.randrange(len(CITIES))]
-                number = str(rng.randrange(1_000_000, 10_000_000))
-                needle = NEEDLE.format(city=city, number=number)
-                question = QUESTION.format(city=city)
-                overhead = count(PREFIX + needle + " " + question)
+                variant = variants[s % len(variants)]
+                city, needles, answer = _needles(rng, variant, depth)
+                question = (QUESTION_ALL if variant == "multivalue" else QUESTION).format(city=city)
+                overhead = count(PREFIX + " ".join(n for n, _ in needles) + " " + question)
                 budget = max(length - overhead, 16)
                 start = rng.randrange(0, max(len(corpus) // 2, 1))
                 text = (corpus[start:] + "\n\n" + corpus)
@@ -74,16 +99,23 @@ def build_docs(corpus: str, lengths: Sequence[int], depths: Sequence[float], sam
                     else:
                         hi = mid
                 hay = text[:lo]
-                prompt = PREFIX + _insert_at_depth(hay, needle, depth) + question
-                docs.append({"id": f"needle-{length}-{depth:g}-{s}", "length": int(length), "depth": float(depth),
-                             "sample": s, "prompt": prompt, "answer": number, "city": city,
+                for needle, at in reversed(needles):  # the asked needle last, so it sits exactly at `depth`
+                    hay = _insert_at_depth(hay, needle, at)
+                prompt = PREFIX + hay + question
+                tag = "" if variant == "single" else f"-{variant}"
+                docs.append({"id": f"needle-{length}-{depth:g}-{s}{tag}", "length": int(length), "depth": float(depth),
+                             "sample": s, "variant": variant, "prompt": prompt, "answer": answer, "city": city,
                              "tokens": count(prompt), "tokenizer": getattr(tokenizer, "name_or_path", None)})
     return docs
 
 
 def score(generation: str, answer: str) -> float:
-    """1.0 when the first 7-digit number in ``generation`` equals ``answer``."""
+    """1.0 when the first 7-digit number in ``generation`` equals ``answer``; for several answers
+    (space-separated, a multivalue doc), when every one of them is among its 7-digit numbers."""
     import re
 
+    wanted = answer.split()
+    if len(wanted) > 1:
+        return float(set(wanted) <= set(re.findall(r"\d{7}", generation)))
     m = re.search(r"\d{7}", generation)
     return float(bool(m) and m.group(0) == answer)

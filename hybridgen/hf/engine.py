@@ -18,6 +18,7 @@ left-padded; positions are cumsum(mask) - 1 as in the lean engine and transforme
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -88,6 +89,16 @@ def spec_of_config(config, name: str, params: int = 0) -> HFModelSpec:
         method_layers=global_layers(c), sliding_window=getattr(c, "sliding_window", None), params=params,
         bos_token_id=_first_id(getattr(c, "bos_token_id", None)), eos_token_id=_first_id(getattr(c, "eos_token_id", None)),
         pad_token_id=_first_id(getattr(c, "pad_token_id", None)), name=name)
+
+
+class _Recorder:
+    """Stands in for a method during a recorded dense prefill: keeps each method layer's q/k/v."""
+
+    def __init__(self):
+        self.layers: List[tuple] = []
+
+    def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        self.layers.append((q, k, v))
 
 
 class HFEngine(TextIO):
@@ -164,13 +175,17 @@ class HFEngine(TextIO):
     def prefill(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 method: Union[str, KVMethod] = "full", store: Any = None, max_new_tokens: int = 1,
                 pool: Any = None, shared_prefill: Any = None) -> Tensor:
-        """Run the prompt, bind ``method`` and hand it every global layer's KV. Returns last-position logits [B, V]."""
-        if shared_prefill is not None:
-            raise ConfigError("shared_prefill is a lean-engine feature (hybridgen.model.Engine); the transformers "
-                              "backend runs its own prefill per method")
+        """Run the prompt, bind ``method`` and hand it every global layer's KV. Returns last-position logits [B, V].
+
+        shared_prefill: a :class:`~hybridgen.model.shared_prefill.SharedPrefill` of these inputs
+        (:meth:`record_dense_prefill`): the method takes its recorded q/k/v and the sliding-window
+        layers start from a copy of its cache, instead of a new dense pass.
+        """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         ids, valid, positions = self._prepare(input_ids, attention_mask, max_new_tokens)
+        if shared_prefill is not None:
+            shared_prefill.check_matches(self, ids, valid, max_new_tokens)
         method = self._method(method)
         self.release()
         if store is None:
@@ -190,13 +205,39 @@ class HFEngine(TextIO):
                          store=store, cache=method_cache(self.model.config, v.method_layers), attention_mask=mask,
                          next_pos=positions[:, -1] + 1, steps_left=max_new_tokens)
         try:
-            logits = self._forward(ids, mask, positions, run.cache, run, last_only=True)
+            if shared_prefill is None:
+                logits = self._forward(ids, mask, positions, run.cache, run, last_only=True)
+            else:
+                for j, layer in enumerate(shared_prefill.layers):
+                    method.prefill(j, *layer, valid)
+                logits = shared_prefill.logits[:, None].clone()
+                run.cache = copy.deepcopy(shared_prefill.model_cache)
         except BaseException:
             method.release()
             raise
         run.phase = DECODE
         self._run = run
         return self._checked(logits[:, -1])
+
+    @torch.no_grad()
+    def record_dense_prefill(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                             max_new_tokens: int = 1):
+        """The dense prefill of ``input_ids`` [B, T] recorded once (use
+        :func:`hybridgen.model.shared_prefill.record_prefill`): every globally attending layer's
+        q/k/v as the attention function hands them to a method, the cache after the pass (the
+        sliding-window layers' KV) and the last-position logits."""
+        from hybridgen.model.shared_prefill import SharedPrefill
+
+        ids, valid, positions = self._prepare(input_ids, attention_mask, max_new_tokens)
+        self.release()
+        v = self.view
+        recorder = _Recorder()
+        mask = None if valid is None else valid.long()
+        run = BackendRun(method=recorder, method_layer={i: j for j, i in enumerate(v.method_layers)}, valid=valid,
+                         cache=method_cache(self.model.config, v.method_layers))
+        logits = self._checked(self._forward(ids, mask, positions, run.cache, run, last_only=True)[:, -1])
+        return SharedPrefill(ids=ids, valid=valid, positions=positions, layers=recorder.layers, logits=logits,
+                             max_new_tokens=max_new_tokens, engine_id=id(self), model_cache=run.cache)
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, method: Optional[KVMethod] = None) -> Tensor:

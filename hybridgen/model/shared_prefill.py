@@ -14,14 +14,19 @@ code on the same inputs), and the same last-position logits: tokens and logits e
 run without sharing, bit for bit (``tests/test_shared_prefill.py`` checks every registered
 method, and that no method writes into the record).
 
-Memory: the record holds every layer's q, k and v, L x B x T x (Hq + 2 Hkv) x D values in the
-engine's dtype (SmolLM2-135M, 8K tokens, float32: 0.9 GiB). Only the lean engine records and
-replays (the transformers backend's non-global layers keep their KV in transformers' own cache).
+Both engines record and replay. On the transformers backend (:class:`hybridgen.hf.HFEngine`) the
+record holds the globally attending layers' q/k/v (the layers a method acts on) and, in
+``model_cache``, transformers' cache after the dense pass (the sliding-window layers' KV), which
+each replay starts from a copy of.
+
+Memory: the record holds every method layer's q, k and v, L x B x T x (Hq + 2 Hkv) x D values in
+the engine's dtype (SmolLM2-135M, 8K tokens, float32: 0.9 GiB; Gemma-3-270m's 3 global layers,
+32K tokens: 0.6 GiB).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -39,8 +44,10 @@ class SharedPrefill:
 
     ids [B, T] token ids; valid [B, T] bool (False = left padding) or None when unpadded;
     positions [B, T]; layers[i] = (q [B, Hq, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D]) of
-    layer i with rotary applied; logits [B, V] float32 of the last position; max_new_tokens:
-    the decode steps it was checked for (positions); engine_id: id() of the recording engine.
+    method layer i with rotary applied; logits [B, V] float32 of the last position; max_new_tokens:
+    the decode steps it was checked for (positions); engine_id: id() of the recording engine;
+    model_cache: the transformers backend's cache after the dense pass (None on the lean engine),
+    never decoded into (each replay copies it).
     """
 
     ids: Tensor
@@ -50,6 +57,7 @@ class SharedPrefill:
     logits: Tensor
     max_new_tokens: int
     engine_id: int
+    model_cache: Any = None
 
     def check_matches(self, engine: "Engine", ids: Tensor, valid: Optional[Tensor], max_new_tokens: int) -> None:
         """One-line ConfigError unless this record is of ``engine`` on these ``ids``/``valid`` [B, T]."""
@@ -70,6 +78,8 @@ class SharedPrefill:
     def rows(self, index: Tensor) -> "SharedPrefill":
         """The record of rows ``index`` [B'] (a LongTensor into this record's batch; repeats allowed):
         the same prompts prefilled once, handed to a batch that holds some of them several times."""
+        if self.model_cache is not None:
+            raise ConfigError("rows() of a transformers-backend record is not supported; record the batch you generate")
         pick = lambda t: t.index_select(0, index)  # noqa: E731
         valid = None if self.valid is None else pick(self.valid)
         return SharedPrefill(ids=pick(self.ids), valid=None if valid is None or bool(valid.all()) else valid,
@@ -85,16 +95,20 @@ class SharedPrefill:
 @torch.no_grad()
 def record_prefill(engine: "Engine", input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                    max_new_tokens: int = 1) -> SharedPrefill:
-    """The dense prefill of ``input_ids`` [B, T] (left-padded, ``attention_mask`` [B, T]) on the lean
-    ``engine``, every layer's q/k/v kept: pass it as ``shared_prefill=`` to ``engine.generate`` or
-    ``engine.prefill`` for each method that should start from it."""
+    """The dense prefill of ``input_ids`` [B, T] (left-padded, ``attention_mask`` [B, T]) on
+    ``engine`` (the lean engine or the transformers backend), every method layer's q/k/v kept:
+    pass it as ``shared_prefill=`` to ``engine.generate`` or ``engine.prefill`` for each method
+    that should start from it."""
     from hybridgen.model.engine import Engine
 
-    if not isinstance(engine, Engine):
-        raise ConfigError(f"record_prefill needs the lean engine (hybridgen.model.Engine), got "
-                          f"{type(engine).__name__}; the transformers backend prefills per method")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if not isinstance(engine, Engine):
+        record = getattr(engine, "record_dense_prefill", None)
+        if record is None:
+            raise ConfigError(f"record_prefill needs a hybridgen engine (hybridgen.model.Engine or "
+                              f"hybridgen.hf.HFEngine), got {type(engine).__name__}")
+        return record(input_ids, attention_mask, max_new_tokens)
     ids, valid, positions = engine._prepare(input_ids, attention_mask, max_new_tokens)
     s = engine.spec
     layers: List[Tuple[Tensor, Tensor, Tensor]] = []

@@ -1,0 +1,205 @@
+"""``python experiments/long_context.py --out DIR [...]``: needle retrieval at long context, every method from one prefill.
+
+For each needle document (Paul Graham essays, ``make data``; lengths in tokens of the model's
+own tokenizer; depths; the variants single / multikey / multivalue, see
+:mod:`hybridgen.data.needle`) the dense prefill is recorded ONCE
+(:func:`hybridgen.model.shared_prefill.record_prefill`) and every method at every budget starts
+from it and decodes greedily: a table of 15 method configurations costs one prefill per
+document, not fifteen. Each method's answer is scored by exact match of the needle's number(s).
+
+Methods at a budget ``b`` (``--budgets``): a method with a ``budget`` parameter keeps ``b`` of
+the KV; HybridGen attends ``b/2`` on the gpu tier plus the top ``b/2`` of the host tokens
+(``gpu_budget=b/2, topk_ratio=b/2``: the ``hybridgen-b20`` convention, top-k pinned so the
+scheduler cannot move it); FlexGen and hybrid-exact hold ``b`` on the gpu tier and the rest on
+the host (lossless). ``full`` runs once.
+
+Writes ``DIR/run.json`` (the arguments, the model's provenance, code version and environment)
+and appends one JSON line per (document, method) to ``DIR/samples.jsonl`` as each document
+finishes. An existing DIR is refused unless ``--resume``, which continues it (same arguments,
+same code, same machine; finished documents are skipped). ``--report`` (or the end of a run)
+writes the table and figures (:mod:`hybridgen_harness.long_context`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
+
+SAMPLES, RUN = "samples.jsonl", "run.json"
+METHODS = "full,hybridgen,flexgen,infinigen,h2o,snapkv,streamingllm,quest"
+#: new tokens per variant: a 7-digit number is up to 8 tokens; multivalue asks for two
+NEW_TOKENS = {"single": 12, "multikey": 12, "multivalue": 24}
+
+
+def _csv(value: str, kind=str) -> List[Any]:
+    return [kind(v) for v in str(value).split(",") if v.strip()]
+
+
+def method_configs(names: List[str], budgets: List[float]) -> List[Tuple[str, str, Dict[str, Any]]]:
+    """[(label, method name, params)]: ``full`` once, every other method at every budget."""
+    from hybridgen.methods import available_methods, build_method
+
+    out = []
+    for name in names:
+        if name not in available_methods():
+            raise ConfigError(f"unknown method {name!r}; choose among {', '.join(available_methods())}")
+        if name == "full":
+            out.append(("full", "full", {}))
+            continue
+        keys = set(build_method(name).config())
+        for b in budgets:
+            if name == "hybridgen":
+                params = {"gpu_budget": b / 2, "topk_ratio": b / 2}
+            elif "budget" in keys:
+                params = {"budget": b}
+            elif "gpu_budget" in keys:
+                params = {"gpu_budget": b}
+            else:
+                raise ConfigError(f"method {name!r} has no budget or gpu_budget parameter; leave it out of --methods")
+            build_method(name, **params)  # checked now, before the model loads
+            out.append((f"{name}@{b:g}", name, params))
+    return out
+
+
+def _arguments(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--out", required=True, help="the run folder (run.json, samples.jsonl, table, figures)")
+    p.add_argument("--model", default="gemma3-270m")
+    p.add_argument("--lengths", default="4096,8192", help="prompt lengths in tokens, comma-separated")
+    p.add_argument("--depths", default="10,30,50,70,90", help="needle depths in percent")
+    p.add_argument("--samples", type=int, default=8, help="documents per (length, depth)")
+    p.add_argument("--variants", default="single,multikey,multivalue", help="cycled over a cell's samples")
+    p.add_argument("--budgets", default="0.2,0.05")
+    p.add_argument("--methods", default=METHODS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--report", action="store_true", help="only write the table and figures of --out")
+    args = p.parse_args(argv)
+    args.lengths, args.depths = _csv(args.lengths, int), _csv(args.depths, float)
+    args.budgets, args.variants, args.methods = _csv(args.budgets, float), _csv(args.variants), _csv(args.methods)
+    if args.samples < 1 or not args.lengths or min(args.lengths) < 64:
+        raise ConfigError("--samples must be >= 1 and --lengths at least 64 tokens each")
+    if not args.depths or not all(0 <= d <= 100 for d in args.depths):
+        raise ConfigError(f"--depths must be percents in [0, 100], got {args.depths}")
+    if not args.budgets or not all(0 < b < 1 for b in args.budgets):
+        raise ConfigError(f"--budgets must be fractions in (0, 1), got {args.budgets}")
+    bad = [v for v in args.variants if v not in NEW_TOKENS]
+    if bad or not args.variants:
+        raise ConfigError(f"--variants must be among {', '.join(NEW_TOKENS)}, got {args.variants}")
+    if "full" not in args.methods:
+        args.methods.insert(0, "full")  # the reference of every paired difference
+    return args
+
+
+def _identity(args) -> Dict[str, Any]:
+    keys = ("model", "lengths", "depths", "samples", "variants", "budgets", "methods", "seed")
+    return {k: getattr(args, k) for k in keys}
+
+
+def _open_run(args, out: Path, engine) -> set:
+    """The (doc id, label) pairs already in ``out``; writes run.json for a new run."""
+    from hybridgen.eval.environment import environment
+    from hybridgen.eval.provenance import code_version, describe_version, same_code
+
+    run_file = out / RUN
+    if run_file.exists():
+        if not args.resume:
+            raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it, or choose another --out")
+        old = json.loads(run_file.read_text())
+        if old["arguments"] != _identity(args):
+            raise ConfigError(f"--resume with other arguments than the run in {out} ({old['arguments']}); "
+                              "use another --out")
+        if not same_code(old["code_version"], code_version()):
+            raise ConfigError(f"the run in {out} is from code {describe_version(old['code_version'])}, this is "
+                              f"{describe_version(code_version())}; continue it from that code or use another --out")
+        if old["environment"]["cpu"]["model"] != environment()["cpu"]["model"]:
+            raise ConfigError(f"the run in {out} was made on another machine; use another --out")
+        done = set()
+        if (out / SAMPLES).exists():
+            for line in (out / SAMPLES).read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    done.add((row["doc"], row["label"]))
+        return done
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python experiments/long_context.py " + " ".join(sys.argv[1:])
+    run_file.write_text(json.dumps({"arguments": _identity(args), "command": command,
+                                    "provenance": getattr(engine.spec, "provenance", None) or {"model": args.model},
+                                    "engine": repr(engine), "code_version": code_version(),
+                                    "environment": environment()}, indent=1, default=str))
+    return set()
+
+
+def run(args) -> Path:
+    import torch
+
+    from hybridgen.data import needle, sources
+    from hybridgen.kv import TieredStore
+    from hybridgen.log import bar
+    from hybridgen.methods import build_method
+    from hybridgen.model import load_model
+    from hybridgen.model.shared_prefill import record_prefill
+
+    configs = method_configs(args.methods, args.budgets)
+    corpus = sources.corpus("essays")  # a one-line error naming `make data` when missing
+    engine = load_model(args.model)
+    if engine.tokenizer is None:
+        raise ConfigError(f"model {args.model!r} has no tokenizer; needle lengths are counted in its tokens")
+    out = Path(args.out)
+    done = _open_run(args, out, engine)
+    docs = needle.build_docs(corpus, args.lengths, args.depths, args.samples, engine.tokenizer, args.seed,
+                             args.variants)
+    todo = [d for d in docs if any((d["id"], label) not in done for label, _, _ in configs)]
+    print(f"{len(docs)} documents x {len(configs)} method configurations on {engine!r}; "
+          f"{len(docs) - len(todo)} finished before", flush=True)
+    with open(out / SAMPLES, "a") as sink:
+        for doc in bar(todo, desc="needle documents", unit="doc", explicit=True):
+            ids = torch.tensor([engine.tokenizer(doc["prompt"])["input_ids"]])
+            new = NEW_TOKENS[doc["variant"]]
+            t0 = time.perf_counter()
+            shared = record_prefill(engine, ids, None, max_new_tokens=new)
+            prefill_s = time.perf_counter() - t0
+            rows, line = [], []
+            for label, name, params in configs:
+                if (doc["id"], label) in done:
+                    continue
+                t1 = time.perf_counter()
+                r = engine.generate(ids, build_method(name, **params), max_new_tokens=new, store=TieredStore(),
+                                    shared_prefill=shared)
+                text = engine.tokenizer.decode(r.tokens[0], skip_special_tokens=True).split("\n")[0]
+                score = needle.score(text, doc["answer"])
+                rows.append({"doc": doc["id"], "length": doc["length"], "tokens": int(ids.shape[1]),
+                             "depth": doc["depth"], "variant": doc["variant"], "sample": doc["sample"],
+                             "label": label, "method": name, "params": params, "score": score,
+                             "answer": doc["answer"], "generation": text,
+                             "peak_bytes_by_tier": r.peak_bytes_by_tier, "method_s": time.perf_counter() - t1,
+                             "dense_prefill_s": prefill_s})
+                line.append(f"{label} {score:g}")
+            for row in rows:  # the whole document at once: a killed run resumes at a document boundary
+                sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            print(f"{doc['id']} ({ids.shape[1]} tok, prefill {prefill_s:.0f} s, methods "
+                  f"{sum(r['method_s'] for r in rows):.0f} s): " + ", ".join(line), flush=True)
+    return out
+
+
+@cli_errors
+def main(argv=None) -> None:
+    args = _arguments(argv)
+    out = Path(args.out) if args.report else run(args)
+    from hybridgen_harness.long_context import write_report
+
+    print(write_report(out))
+
+
+if __name__ == "__main__":
+    main()
