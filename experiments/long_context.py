@@ -83,6 +83,8 @@ def _arguments(argv) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--report", action="store_true", help="only write the table and figures of --out")
+    p.add_argument("--readme", default=None, help="also write the summary between the markers of this README "
+                   "(default: the repository's README.md when --out is under the repository's results/)")
     args = p.parse_args(argv)
     args.lengths, args.depths = _csv(args.lengths, int), _csv(args.depths, float)
     args.budgets, args.variants, args.methods = _csv(args.budgets, float), _csv(args.variants), _csv(args.methods)
@@ -198,7 +200,9 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.report else run(args)
     from hybridgen_harness.long_context import write_report
 
-    print(write_report(out))
+    readme = Path(args.readme) if args.readme else (
+        _ROOT / "README.md" if out.resolve().is_relative_to((_ROOT / "results").resolve()) else None)
+    print(write_report(out, readme))
 
 
 if __name__ == "__main__":

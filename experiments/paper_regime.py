@@ -36,6 +36,7 @@ if str(_ROOT) not in sys.path:
 from experiments import paper_speedup as ps  # noqa: E402
 from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 from hybridgen_harness import regime as rg  # noqa: E402
+from hybridgen_harness.result_tables import splice  # noqa: E402
 
 EXP = "paper_regime"
 HYBRIDGEN = "hybridgen"
@@ -260,14 +261,6 @@ def verdict_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
-    """``text`` with what lies between ``begin`` and ``end`` (the verdict's markers) replaced by ``block``."""
-    if begin not in text or end not in text:
-        raise ConfigError(f"README has no '{begin}' ... '{end}' markers; add them where the block goes")
-    head, rest = text.split(begin, 1)
-    return head + begin + "\n" + block + end + rest.split(end, 1)[1]
-
-
 def accuracy_markdown(rows: Sequence[Dict[str, Any]], accuracy_dir: Path) -> Optional[str]:
     """Speed next to measured accuracy (hybridgen_harness.regime_accuracy), or None without measurements."""
     from hybridgen_harness import regime_accuracy as ra
@@ -325,7 +318,7 @@ def main(argv=None) -> None:
     readme = Path(args.readme) if args.readme else (
         _ROOT / "README.md" if Path(args.results_dir).resolve() == (_ROOT / "results").resolve() else None)
     if readme is not None:
-        text = splice(readme.read_text(), verdict)
+        text = splice(readme.read_text(), verdict, BEGIN, END)
         readme.write_text(splice(text, accuracy, ACC_BEGIN, ACC_END) if accuracy else text)
     write_json(out / "provenance.json", {
         "command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "code": code_version(),

@@ -108,3 +108,11 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[s
     body = [[cell(r.get(c)) for c in cols] for r in rows]
     return tabulate(body, headers=cols, tablefmt="simple", disable_numparse=True,
                     colalign=("right",) * len(cols))
+
+
+def splice(text: str, block: str, begin: str, end: str) -> str:
+    """``text`` (a README) with what lies between the markers ``begin`` and ``end`` replaced by ``block``."""
+    if begin not in text or end not in text:
+        raise ConfigError(f"README has no '{begin}' ... '{end}' markers; add them where the block goes")
+    head, rest = text.split(begin, 1)
+    return head + begin + "\n" + block + end + rest.split(end, 1)[1]

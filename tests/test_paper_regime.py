@@ -195,8 +195,8 @@ def test_the_readme_verdict_is_what_the_generator_prints_from_the_committed_tabl
 
 def test_splice_replaces_only_the_block_between_the_markers():
     text = f"a\n{pr.BEGIN}\nold\n{pr.END}\nb\n"
-    assert pr.splice(text, "new\n") == f"a\n{pr.BEGIN}\nnew\n{pr.END}\nb\n"
+    assert pr.splice(text, "new\n", pr.BEGIN, pr.END) == f"a\n{pr.BEGIN}\nnew\n{pr.END}\nb\n"
     from hybridgen.errors import ConfigError
 
     with pytest.raises(ConfigError, match="markers"):
-        pr.splice("no markers", "x")
+        pr.splice("no markers", "x", pr.BEGIN, pr.END)

@@ -24,7 +24,8 @@ from torch import Tensor
 
 def shared_prefill_of(engine: Any, pre: Tensor, pre_mask: Optional[Tensor], max_new_tokens: int) -> Any:
     """The dense prefill of the distinct rows of ``pre`` (with their masks), recorded once and
-    expanded to every row; None on an engine that cannot record one (the transformers backend)."""
+    expanded to every row; None on the transformers backend (its record, which holds
+    transformers' cache, is not split by rows: each row runs its own prefill there)."""
     from hybridgen.model import Engine
     from hybridgen.model.shared_prefill import record_prefill
 
