@@ -51,7 +51,7 @@ import torch  # noqa: E402
 from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 from hybridgen.eval.fidelity import fidelity  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
-from hybridgen.methods import available_methods, build_method, method_parameters  # noqa: E402
+from hybridgen.methods import available_methods, build_method, method_parameters, parse_method_spec  # noqa: E402
 from hybridgen_harness.result_tables import format_table  # noqa: E402
 from hybridgen.validation.cli import check_output_dir, exit_one_line, parse_checked  # noqa: E402
 
@@ -94,13 +94,7 @@ METHODS.update({
 def _make(name: str, budget: str):
     """A preset of METHODS, or any registered method by its name (given --budget if it has a `budget`),
     or either with parameters: ``NAME:key=value[:key=value...]`` (e.g. ``hybridgen:gpu_budget=0.07``)."""
-    name, *pairs = name.split(":")
-    extra = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"method parameter {pair!r} is not key=value; write e.g. hybridgen:gpu_budget=0.07")
-        extra[key] = value
+    name, extra = parse_method_spec(name)
     if extra:
         base = _make(name, budget)
         return build_method(base.name, **{**base.config(), **extra})

@@ -8,15 +8,18 @@ from it and decodes greedily: a table of 15 method configurations costs one pref
 document, not fifteen. Each method's answer is scored by exact match of the needle's number(s).
 
 Methods at a budget ``b`` (``--budgets``): a method with a ``budget`` parameter keeps ``b`` of
-the KV; HybridGen attends ``b/2`` on the gpu tier plus the top ``b/2`` of the host tokens
-(``gpu_budget=b/2, topk_ratio=b/2``: the ``hybridgen-b20`` convention, top-k pinned so the
-scheduler cannot move it); FlexGen and hybrid-exact hold ``b`` on the gpu tier and the rest on
-the host (lossless). ``full`` runs once.
+the KV; HybridGen holds ``b/2`` of the prompt on the gpu tier and attends the top ``b/2`` of its
+host tokens besides (``gpu_budget=b/2, topk_ratio=b/2``: the ``hybridgen-b20`` convention, top-k
+pinned so the scheduler cannot move it; it attends b/2 + (b/2)(1 - b/2) of the prompt, 0.19 at
+b = 0.2); FlexGen and hybrid-exact hold ``b`` on the gpu tier and the rest on the host
+(lossless). ``full`` runs once. The answer is the generation's first line (the ``hg_needle``
+lm-eval task's ``until: ["\n"]``); the whole decoded text is kept beside it.
 
 Writes ``DIR/run.json`` (the arguments, the model's provenance, code version and environment)
 and appends one JSON line per (document, method) to ``DIR/samples.jsonl`` as each document
-finishes. An existing DIR is refused unless ``--resume``, which continues it (same arguments,
-same code, same machine; finished documents are skipped). ``--report`` (or the end of a run)
+finishes (one write per document; an unterminated last line, from a run killed mid-write, is
+dropped on resume). An existing DIR is refused unless ``--resume``, which continues it (same
+arguments, same code, same machine; finished (document, configuration) pairs are skipped). ``--report`` (or the end of a run)
 writes the table and figures (:mod:`hybridgen_harness.long_context`).
 """
 from __future__ import annotations
@@ -44,12 +47,15 @@ def _csv(value: str, kind=str) -> List[Any]:
     return [kind(v) for v in str(value).split(",") if v.strip()]
 
 
-def method_configs(names: List[str], budgets: List[float]) -> List[Tuple[str, str, Dict[str, Any]]]:
-    """[(label, method name, params)]: ``full`` once, every other method at every budget."""
-    from hybridgen.methods import available_methods, build_method
+def method_configs(specs: List[str], budgets: List[float]) -> List[Tuple[str, str, Dict[str, Any]]]:
+    """[(label, method name, params)]: ``full`` once, every other method at every budget. A spec is
+    a method's name, or ``NAME:key=value[:key=value]`` with parameters of its own (e.g.
+    ``infinigen:partial_weight_ratio=1.0``; labelled ``NAME:key=value@budget``)."""
+    from hybridgen.methods import available_methods, build_method, parse_method_spec
 
     out = []
-    for name in names:
+    for spec in specs:
+        name, extra = parse_method_spec(spec)
         if name not in available_methods():
             raise ConfigError(f"unknown method {name!r}; choose among {', '.join(available_methods())}")
         if name == "full":
@@ -65,8 +71,16 @@ def method_configs(names: List[str], budgets: List[float]) -> List[Tuple[str, st
                 params = {"gpu_budget": b}
             else:
                 raise ConfigError(f"method {name!r} has no budget or gpu_budget parameter; leave it out of --methods")
+            clash = sorted(set(extra) & set(params))
+            if clash:
+                raise ConfigError(f"{spec!r} sets {', '.join(clash)}, which --budgets sets; leave it out of the spec")
+            params = {**params, **extra}
             build_method(name, **params)  # checked now, before the model loads
-            out.append((f"{name}@{b:g}", name, params))
+            out.append((f"{spec}@{b:g}", name, params))
+    labels = [label for label, _, _ in out]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--methods names a configuration twice ({', '.join(sorted({x for x in labels if labels.count(x) > 1}))}); "
+                          "give each once")
     return out
 
 
@@ -79,13 +93,14 @@ def _arguments(argv) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=8, help="documents per (length, depth)")
     p.add_argument("--variants", default="single,multikey,multivalue", help="cycled over a cell's samples")
     p.add_argument("--budgets", default="0.2,0.05")
-    p.add_argument("--methods", default=METHODS)
+    p.add_argument("--methods", default=METHODS, help="method names, or NAME:key=value[:key=value] specs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--report", action="store_true", help="only write the table and figures of --out")
     p.add_argument("--readme", default=None, help="also write the summary between the markers of this README "
                    "(default: the repository's README.md when --out is under the repository's results/)")
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.lengths, args.depths = _csv(args.lengths, int), _csv(args.depths, float)
     args.budgets, args.variants, args.methods = _csv(args.budgets, float), _csv(args.variants), _csv(args.methods)
     if args.samples < 1 or not args.lengths or min(args.lengths) < 64:
@@ -125,15 +140,11 @@ def _open_run(args, out: Path, engine) -> set:
                               f"{describe_version(code_version())}; continue it from that code or use another --out")
         if old["environment"]["cpu"]["model"] != environment()["cpu"]["model"]:
             raise ConfigError(f"the run in {out} was made on another machine; use another --out")
-        done = set()
-        if (out / SAMPLES).exists():
-            for line in (out / SAMPLES).read_text().splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    done.add((row["doc"], row["label"]))
-        return done
+        from hybridgen_harness.long_context import read_rows
+
+        return {(row["doc"], row["label"]) for row in read_rows(out / SAMPLES, repair=True)}
     out.mkdir(parents=True, exist_ok=True)
-    command = "python experiments/long_context.py " + " ".join(sys.argv[1:])
+    command = "python experiments/long_context.py " + " ".join(args.argv)
     run_file.write_text(json.dumps({"arguments": _identity(args), "command": command,
                                     "provenance": getattr(engine.spec, "provenance", None) or {"model": args.model},
                                     "engine": repr(engine), "code_version": code_version(),
@@ -177,17 +188,17 @@ def run(args) -> Path:
                 t1 = time.perf_counter()
                 r = engine.generate(ids, build_method(name, **params), max_new_tokens=new, store=TieredStore(),
                                     shared_prefill=shared)
-                text = engine.tokenizer.decode(r.tokens[0], skip_special_tokens=True).split("\n")[0]
+                decoded = engine.tokenizer.decode(r.tokens[0], skip_special_tokens=True)
+                text = decoded.split("\n")[0]
                 score = needle.score(text, doc["answer"])
                 rows.append({"doc": doc["id"], "length": doc["length"], "tokens": int(ids.shape[1]),
                              "depth": doc["depth"], "variant": doc["variant"], "sample": doc["sample"],
                              "label": label, "method": name, "params": params, "score": score,
-                             "answer": doc["answer"], "generation": text,
+                             "answer": doc["answer"], "generation": text, "decoded": decoded,
                              "peak_bytes_by_tier": r.peak_bytes_by_tier, "method_s": time.perf_counter() - t1,
                              "dense_prefill_s": prefill_s})
                 line.append(f"{label} {score:g}")
-            for row in rows:  # the whole document at once: a killed run resumes at a document boundary
-                sink.write(json.dumps(row) + "\n")
+            sink.write("".join(json.dumps(row) + "\n" for row in rows))  # the whole document in one write
             sink.flush()
             print(f"{doc['id']} ({ids.shape[1]} tok, prefill {prefill_s:.0f} s, methods "
                   f"{sum(r['method_s'] for r in rows):.0f} s): " + ", ".join(line), flush=True)

@@ -1,5 +1,6 @@
 """Tables of finished runs: flatten each run's metrics, one row per run (``summary.csv`` and
-``summary.parquet`` next to the runs: :func:`aggregate`), and plain-text tables (:func:`format_table`).
+``summary.parquet`` next to the runs: :func:`aggregate`), plain-text tables (:func:`format_table`),
+and generated blocks spliced between markers of a README (:func:`splice`).
 
 The runs themselves are read through :mod:`hybridgen_harness.results` (the store and its damage rules).
 """

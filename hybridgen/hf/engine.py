@@ -98,6 +98,8 @@ class _Recorder:
         self.layers: List[tuple] = []
 
     def prefill(self, layer: int, q: Tensor, k: Tensor, v: Tensor, valid: Optional[Tensor]) -> None:
+        if layer != len(self.layers):
+            raise RuntimeError(f"method layer {layer} recorded out of order (expected {len(self.layers)})")
         self.layers.append((q, k, v))
 
 
@@ -202,8 +204,9 @@ class HFEngine(TextIO):
             dtype=self.dtype, compute_device=self.device, store=store, pool=pool, rotary=self.rotary, engine=self))
         mask = None if valid is None else valid.long()
         run = BackendRun(method=method, method_layer={i: j for j, i in enumerate(v.method_layers)}, valid=valid,
-                         store=store, cache=method_cache(self.model.config, v.method_layers), attention_mask=mask,
-                         next_pos=positions[:, -1] + 1, steps_left=max_new_tokens)
+                         store=store, attention_mask=mask, next_pos=positions[:, -1] + 1, steps_left=max_new_tokens,
+                         cache=method_cache(self.model.config, v.method_layers) if shared_prefill is None
+                         else copy.deepcopy(shared_prefill.model_cache))
         try:
             if shared_prefill is None:
                 logits = self._forward(ids, mask, positions, run.cache, run, last_only=True)
@@ -211,7 +214,6 @@ class HFEngine(TextIO):
                 for j, layer in enumerate(shared_prefill.layers):
                     method.prefill(j, *layer, valid)
                 logits = shared_prefill.logits[:, None].clone()
-                run.cache = copy.deepcopy(shared_prefill.model_cache)
         except BaseException:
             method.release()
             raise

@@ -12,8 +12,9 @@ from hybridgen.methods.budget import Budget
 from hybridgen.methods.params import (Fraction, HostTier, KeptBudget, NonEmpty, NonNegInt, ParamError, PositiveInt,
                                      Range, Tier)
 from hybridgen.methods.protocol import KVMethod, MethodContext
-from hybridgen.methods.registry import available_methods, build_method, method_class, method_parameters, register
+from hybridgen.methods.registry import (available_methods, build_method, method_class, method_parameters,
+                                       parse_method_spec, register)
 
 __all__ = ["Budget", "Fraction", "HostTier", "KVMethod", "KeptBudget", "MethodContext", "NonEmpty", "NonNegInt", "ParamError",
            "PositiveInt", "Range", "Tier", "available_methods", "build_method", "method_class", "method_parameters",
-           "register"]
+           "parse_method_spec", "register"]

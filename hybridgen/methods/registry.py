@@ -22,7 +22,7 @@ import dataclasses
 import importlib
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Type
+from typing import Any, Callable, Dict, List, Tuple, Type
 
 from hybridgen.errors import ConfigError, unknown_name
 from hybridgen.methods.protocol import KVMethod
@@ -127,3 +127,16 @@ def build_method(name: str, **params: Any) -> KVMethod:
         raise ConfigError(f"method {name!r} has no parameter {', '.join(map(repr, bad))}; "
                           f"its parameters are: {', '.join(sorted(known)) or 'none'}")
     return cls(**params).composed()
+
+
+def parse_method_spec(spec: str) -> Tuple[str, Dict[str, str]]:
+    """``NAME[:key=value...]`` (e.g. ``hybridgen:gpu_budget=0.07``, the command-line form of a method
+    with parameters) -> (NAME, {key: value}); the values stay strings for :func:`build_method` to check."""
+    name, *pairs = str(spec).split(":")
+    extra: Dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"method parameter {pair!r} is not key=value; write e.g. hybridgen:gpu_budget=0.07")
+        extra[key] = value
+    return name, extra
