@@ -99,6 +99,7 @@ def _arguments(argv) -> argparse.Namespace:
     p.add_argument("--report", action="store_true", help="only write the table and figures of --out")
     p.add_argument("--readme", default=None, help="also write the summary between the markers of this README "
                    "(default: the repository's README.md when --out is under the repository's results/)")
+    p.add_argument("--no-readme", action="store_true", help="write no README block (e.g. an ablation's run)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.lengths, args.depths = _csv(args.lengths, int), _csv(args.depths, float)
@@ -211,7 +212,7 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.report else run(args)
     from hybridgen_harness.long_context import write_report
 
-    readme = Path(args.readme) if args.readme else (
+    readme = None if args.no_readme else Path(args.readme) if args.readme else (
         _ROOT / "README.md" if out.resolve().is_relative_to((_ROOT / "results").resolve()) else None)
     print(write_report(out, readme))
 
