@@ -25,6 +25,7 @@ writes the table and figures (:mod:`hybridgen_harness.long_context`).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 import time
@@ -95,6 +96,8 @@ def _arguments(argv) -> argparse.Namespace:
     p.add_argument("--budgets", default="0.2,0.05")
     p.add_argument("--methods", default=METHODS, help="method names, or NAME:key=value[:key=value] specs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--docs", default="*", help="only the documents whose id matches one of these comma-separated "
+                   "patterns (fnmatch), e.g. 'needle-8192-*-0' (the documents stay those of the other arguments)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--report", action="store_true", help="only write the table and figures of --out")
     p.add_argument("--readme", default=None, help="also write the summary between the markers of this README "
@@ -119,7 +122,7 @@ def _arguments(argv) -> argparse.Namespace:
 
 
 def _identity(args) -> Dict[str, Any]:
-    keys = ("model", "lengths", "depths", "samples", "variants", "budgets", "methods", "seed")
+    keys = ("model", "lengths", "depths", "samples", "variants", "budgets", "methods", "seed", "docs")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -172,6 +175,9 @@ def run(args) -> Path:
     done = _open_run(args, out, engine)
     docs = needle.build_docs(corpus, args.lengths, args.depths, args.samples, engine.tokenizer, args.seed,
                              args.variants)
+    docs = [d for d in docs if any(fnmatch.fnmatchcase(d["id"], pat) for pat in _csv(args.docs))]
+    if not docs:
+        raise ConfigError(f"--docs {args.docs!r} matches no document id (ids look like needle-8192-30-0)")
     todo = [d for d in docs if any((d["id"], label) not in done for label, _, _ in configs)]
     print(f"{len(docs)} documents x {len(configs)} method configurations on {engine!r}; "
           f"{len(docs) - len(todo)} finished before", flush=True)

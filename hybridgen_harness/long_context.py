@@ -171,7 +171,7 @@ def figures(t: pd.DataFrame, out: Path, model: str) -> List[Path]:
         ax.set(title=f"KV budget {_pct(b)}", xlabel="context length (tokens)", ylim=(-0.03, 1.03))
         badge(ax, "measured", "accuracy, 95% CI", loc="lower left")
     axes[0][0].set_ylabel("needle accuracy")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Needle retrieval vs context length ({model})", fontsize=10)
     fig.tight_layout()
     paths = [out / "accuracy_vs_length.png"]
@@ -230,8 +230,8 @@ def readme_block(t: pd.DataFrame, run: Dict[str, Any], where: str) -> str:
              f"needles in turn, {n} documents; "
              f"`{where}`, generated from its `table.csv`). {summary(t)} Accuracy and, in brackets, the paired "
              "difference to `full` with its 95% interval (`*`: excludes 0):", "",
-             "| method | budget | " + " | ".join(_k(x) for x in lengths) + " |",
-             "|---|---|" + "---|" * len(lengths)]
+             "| method | budget | " + " | ".join(_k(x) for x in lengths) + f" | gpu KV vs full ({_k(lengths[-1])}, peak) |",
+             "|---|---|" + "---|" * (len(lengths) + 1)]
     for label in dict.fromkeys(t["label"]):
         g = t[t["label"] == label].set_index("length")
         cells = []
@@ -244,7 +244,8 @@ def readme_block(t: pd.DataFrame, run: Dict[str, Any], where: str) -> str:
             cells.append(f"{r['accuracy']:.2f}" if label == REFERENCE else
                          f"{r['accuracy']:.2f} ({r['delta']:+.2f} [{r['delta_lo']:+.2f}, {r['delta_hi']:+.2f}]{star})")
         budget = "-" if label == REFERENCE else _pct(_budget(label))
-        lines.append(f"| {g['method'].iloc[0]} | {budget} | " + " | ".join(cells) + " |")
+        share = g["gpu_share"].iloc[-1]
+        lines.append(f"| {g['method'].iloc[0]} | {budget} | " + " | ".join(cells) + f" | {_pct(share)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -273,10 +274,12 @@ def write_report(out: Path, readme: Optional[Path] = None) -> str:
         + (f"GPU: {run['environment']['cuda']['device']})." if run["environment"]["cuda"].get("available")
            else "no GPU: the gpu tier is emulated on the CPU).") + " Accuracy does not depend on where the tiers are.",
         "Regenerate the tables and figures: `python experiments/long_context.py --out <this folder> --report`.", "",
-        "Model: " + (", ".join(f"{k}: {v}" for k, v in prov.items()) if prov else model) + ".", "",
+        "Provenance of the model: " + (", ".join(f"{k}: {v}" for k, v in prov.items()) if prov else model) + ".", "",
         f"Documents: needle retrieval over the Paul Graham essays (lengths in the model's own tokens), depths "
         f"{', '.join(f'{d:g}%' for d in a['depths'])}, {a['samples']} documents per (length, depth), the variants "
-        f"{', '.join(a['variants'])} in turn; greedy decoding, exact match of the needle's number(s). Every "
+        f"{', '.join(a['variants'])} in turn"
+        + (f", of which only the ids matching `{a['docs']}`" if a.get("docs", "*") != "*" else "")
+        + "; greedy decoding, exact match of the needle's number(s). Every "
         "configuration starts from the same recorded dense prefill of each document. Methods act on the "
         "model's globally attending layers; the sliding-window layers keep their window.", "",
         "Dense prefill per document (median): "
