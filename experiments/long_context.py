@@ -113,9 +113,10 @@ def _arguments(argv) -> argparse.Namespace:
         raise ConfigError(f"--depths must be percents in [0, 100], got {args.depths}")
     if not args.budgets or not all(0 < b < 1 for b in args.budgets):
         raise ConfigError(f"--budgets must be fractions in (0, 1), got {args.budgets}")
-    bad = [v for v in args.variants if v not in NEW_TOKENS]
-    if bad or not args.variants:
-        raise ConfigError(f"--variants must be among {', '.join(NEW_TOKENS)}, got {args.variants}")
+    from hybridgen.data.needle import VARIANTS
+
+    if not args.variants or not set(args.variants) <= set(VARIANTS):
+        raise ConfigError(f"--variants must be among {', '.join(VARIANTS)}, got {args.variants}")
     if "full" not in args.methods:
         args.methods.insert(0, "full")  # the reference of every paired difference
     return args
