@@ -32,6 +32,8 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
   score, shared selection; the top-k at ``--topk-ratio``, the scheduler's start ratio by
   default; the true query's branch, which keeps no key rows): GB/s of key bytes
   (``default_branch_gbps``, stages in ``branch_stages_ms``) against ``read`` of the same run;
+  beside it the same branch pipelined over batch slices (or serial) and ``default branch
+  stagewise`` (``fused=False``: each stage over every row, then the next);
 - recall of the exact top-k by each sketch's selection, by ``select_bf16dot`` and by the default
   branch (``default_recall``: real-like keys) (random keys, and "real-like" keys:
   a few large channels and a set of tokens aligned with the query, as in LLM caches).
@@ -195,6 +197,9 @@ def run(args, threads: int, data: dict) -> dict:
     other = dataclasses.replace(DEFAULT, branch_pieces=1 if DEFAULT.branch_pieces > 1 else B)
     other_name = "default branch serial" if DEFAULT.branch_pieces > 1 else f"default branch pipelined x{B}"
     branch_fns[other_name] = lambda i: default_branch(q, keys[i], vals, k_sel, other, pool=pool, v_out=v_out)
+    # and its stages one after another over every row (before the per-row fusion of csrc/branch.c)
+    branch_fns["default branch stagewise"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool,
+                                                                      v_out=v_out, fused=False)
     fns.update(branch_fns)
     load0 = os.getloadavg()
     secs = rounds(fns, args.reps, args.copies)

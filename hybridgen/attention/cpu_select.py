@@ -150,3 +150,64 @@ def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool
         m = gather_mask(mask, cand)
         exact = exact.masked_fill(~m.repeat_interleave(Hq // m.shape[1], dim=1), NEG_INF)
     return rerank_exact(exact, approx, cand, k, how, logits, stats, pool=pool)
+
+
+def fused_branch_fits(q: Tensor, keys: Tensor, values: Tensor, k: int, per_head: bool, mask: Optional[Tensor],
+                      backend: str = "auto", topk_backend: str = "auto") -> bool:
+    """True when :func:`fused_branch_bf16dot` runs this branch: the C kernels built, bf16 keys and
+    values the C scan fits, shared selection, no mask, k > 0, the native scan and top-k."""
+    from hybridgen.attention.cpu_scan import native_fits, resolve_backend
+
+    Hq, Hkv, D = q.shape[1], keys.shape[1], keys.shape[-1]
+    return (native.lib() is not None and not per_head and mask is None and k > 0 and keys.shape[2] > 0
+            and keys.dtype == torch.bfloat16 and values.dtype == torch.bfloat16 and values.shape[-1] == D
+            and Hq % Hkv == 0 and native_fits(keys.dtype, Hq // Hkv, D)
+            and resolve_backend(backend, keys.dtype) == "native" and topk_backend in ("auto", "native"))
+
+
+def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, how: str = "max",
+                         oversample: float = DEFAULT_OVERSAMPLE, v_out: Optional[Tensor] = None,
+                         pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The bf16-dot selection (:func:`select_bf16dot`) and the V-row gather fused per (batch, KV
+    head) row (``csrc/branch.c``: a row's scan logits stay in this thread's cache for its
+    selection, its candidates' keys for their exact logits): the same idx, logits and V rows as
+    the stages run one after another over every row, bit for bit.
+
+    q [B, Hq, D] or [B, Hq, 1, D]; keys / values [B, Hkv, T, D] bf16 (segment views, read in
+    place); k tokens per (batch, KV head), shared selection by ``how``; v_out: optional
+    contiguous buffer of >= B*Hkv*k*D bf16 (e.g. the pinned staging buffer). Only where
+    :func:`fused_branch_fits`. Returns (idx [B, Hkv, k] int64, exact logits [B, Hq, k] float32,
+    V rows [B, Hkv, k, D], seconds [4]: scan, selection, exact logits + re-rank, gather, summed
+    over rows and divided by the threads that ran them).
+    """
+    from hybridgen.attention.cpu_scan import SELECT_HOW, TOKEN_BLOCK, rows_view
+
+    if how not in ("max", "sum"):
+        raise ConfigError(f"unknown group score {how!r}; choose 'max' or 'sum'")
+    if q.dim() == 4:
+        q = q[:, :, 0]
+    B, Hq, D = q.shape
+    Hkv, T = keys.shape[1], keys.shape[2]
+    G = Hq // Hkv
+    k = min(k, T)
+    kc = candidate_count(k, oversample, T)
+    qx = q.float().reshape(B * Hkv, G, D).contiguous()
+    qb = q.to(torch.bfloat16).float().reshape(B * Hkv, G, D).contiguous()
+    kr, kcap = rows_view(keys)
+    vr, vcap = rows_view(values)
+    if vcap != kcap:  # the kernel reads both with one row stride
+        vr, vcap = values.contiguous().view(-1, D), T
+        kr, kcap = keys.contiguous().view(-1, D), T
+    idx = torch.empty(B, Hkv, k, dtype=torch.int64)
+    sel = torch.empty(B, Hq, k, dtype=torch.float32)
+    dst = v_out.view(-1)[:B * Hkv * k * D] if v_out is not None else torch.empty(B * Hkv * k * D, dtype=values.dtype)
+    seconds = torch.full((B * Hkv, 4), float("nan"), dtype=torch.float64)
+    pool = pool or default_pool()
+    rows = B * Hkv
+    pool.run_split(native.lib().hg_branch_bf16dot, rows, qb.data_ptr(), qx.data_ptr(), kr.data_ptr(), vr.data_ptr(),
+                   kcap, float(scale), T, D, G, TOKEN_BLOCK, SELECT_HOW["raw" if G == 1 else how], k, kc,
+                   idx.data_ptr(), sel.data_ptr(), dst.data_ptr(), seconds.data_ptr(), work=rows * G * T * D)
+    if torch.isnan(seconds).any():
+        raise MemoryError("the fused CPU branch could not allocate its per-thread scratch")
+    threads = max(1, min(pool.split_threads, rows))
+    return idx, sel, dst.view(B, Hkv, k, D), seconds.sum(dim=0) / threads

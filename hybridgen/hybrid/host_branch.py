@@ -42,7 +42,7 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.attention.cpu_scan import (NEG_INF, exact_logits_at, gather_mask, gather_rows,
                                           scan_logits_stats, select)
 from hybridgen.attention.key_sketch import KeySketch
-from hybridgen.attention.cpu_select import rerank_exact
+from hybridgen.attention.cpu_select import fused_branch_bf16dot, fused_branch_fits, rerank_exact
 
 
 @dataclass
@@ -87,7 +87,7 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
                 topk_backend: str = "auto", group_score: str = "max",
                 v_out: Optional[Tensor] = None, pool: Optional[CPUAttentionPool] = None,
                 sketch: Optional[KeySketch] = None, sketch_offset: int = 0, oversample: float = 1.0,
-                precision: str = "exact") -> HostSelection:
+                precision: str = "exact", fused: bool = True) -> HostSelection:
     """Scan + top-k + gather over one layer's host KV.
 
     q [B, Hq, D] or [B, Hq, 1, D] (CPU); keys/values [B, Hkv, T, D]; k tokens per
@@ -100,13 +100,23 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     approximate scan (a sketch, or precision 'bf16dot') proposes ceil(oversample * k)
     candidates, re-ranked by their exact logits. precision: the scan of the keys, 'exact' or
     'bf16dot' (:func:`~hybridgen.attention.cpu_scan.scan_logits_stats`; with a sketch, of the
-    tail it does not hold).
+    tail it does not hold). fused: run the 'bf16dot' branch's stages per (batch, KV head) row
+    (:func:`~hybridgen.attention.cpu_select.fused_branch_bf16dot`, the same result) where it
+    fits; False runs each stage over every row before the next (to compare them).
     """
     if q.dim() == 4:
         q = q[:, :, 0]
     B, Hq = q.shape[0], q.shape[1]
     Hkv, T = keys.shape[1], keys.shape[2]
     k = max(0, min(k, T))
+    if (fused and sketch is None and precision == "bf16dot" and (v_out is None or v_out.is_contiguous())
+            and fused_branch_fits(q, keys, values, k, per_head, mask, backend, topk_backend)):
+        idx, logits, v_rows, sec = fused_branch_bf16dot(q, keys, values, scale, k, group_score, oversample,
+                                                        v_out, pool)
+        k_rows = gather_rows(keys, idx, pool=pool) if keep_keys else None
+        scan_s, topk_s, recompute_s, gather_s = sec.tolist()
+        return HostSelection(idx, logits, v_rows, k_rows, None, True, scan_s, topk_s, gather_s,
+                             recompute_s=recompute_s)
     buf = scratch_logits(B * Hq * T)
     t0 = time.perf_counter()
     if sketch is not None:
