@@ -39,9 +39,13 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
     res = json.loads(out.read_text())
     rows = res["rows"]
     assert {r["source"] for r in rows} == {"this-machine"}
-    assert {r["method"] for r in rows} == {"full", "hybrid-exact", "hybridgen", "hybridgen-sketch-int4", "flexgen-stream",
-                                           "flexgen-cpu", "flexgen-int4", "infinigen", "snapkv", "snapkv-offload-stream", "quest",
-                                           "quest-offload-stream", "streamingllm", "streamingllm-offload-stream"}
+    assert {r["method"] for r in rows if r["dtype"] == "fp32"} == {
+        "full", "hybrid-exact", "hybridgen", "hybridgen-sketch-int4", "flexgen-stream", "flexgen-cpu", "flexgen-int4",
+        "infinigen", "snapkv", "snapkv-offload-stream", "quest", "quest-offload-stream", "streamingllm",
+        "streamingllm-offload-stream"}
+    # bf16 KV: the default bf16-dot (fused) branch, timed only there, beside full and the exact scan
+    bf16 = {r["name"] for r in rows if r["dtype"] == "bf16"}
+    assert bf16 == {f"{m} bf16 B=1 Hq=8 Hkv=2 D=64 T=1024" for m in ("full", "hybridgen", "hybridgen-scan-exact")}
     for r in rows:
         assert {"name", "source", "predicted_s", "measured_s", "error_pct"} <= set(r)
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
@@ -49,6 +53,11 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
     prof = pm.profile_from_dict(res["this_machine_profiles"][0])
     assert prof.measured and prof.host.op_us > 0 and prof.host.group_score_gbps > 0
     assert set(prof.host.key_sketch_gbps) == {"int8", "int4"}  # the sketch scan is measured, not assumed
+    bf16_prof = pm.profile_from_dict(res["this_machine_profiles"][1])  # the bf16 rows' profile
+    from hybridgen.attention import native
+
+    if native.available():  # the default scan's own rate prices its rows
+        assert bf16_prof.host.key_scan_bf16dot_gbps > 0
     assert "Performance model vs measurements" in md.read_text()
 
 

@@ -17,7 +17,8 @@
    pipelined; also with ``key_sketch='int4'``) and of every registered method that declares
    ``validation_rows`` (FlexGen: streaming and CPU attention; :func:`validation_methods`),
    90% of the KV on the host, at
-   two shapes, each run right after a profile measurement; measured = the median step time /
+   two shapes, in fp32; and of ``full`` and ``hybridgen`` (its default bf16-dot scan, and
+   ``scan='exact'``) with bf16 KV (:data:`BF16_METHODS`); each run right after a profile measurement; measured = the median step time /
    layers (the first, warm-up step with any kernel compilation excluded), predicted =
    ``predict_step(method, ...).attention_layer_s`` on the profile measured just before;
    a row is the median over the rounds of each (see :func:`local_rows`).
@@ -50,6 +51,15 @@ LIBRARY_METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("hybridgen", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False}),
     ("hybridgen-sketch-int4", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False,
                                             "key_sketch": "int4"}),
+)
+# bf16 KV: HybridGen's default selection scan, the bf16-dot branch fused per (batch, KV head) row
+# (csrc/branch.c), runs only on bf16 host keys (fp32 keys are scanned exactly), so these rows are
+# the ones that time it; ``full`` and the exact scan beside it on the same dtype
+BF16_METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
+    ("full", "full", {}),
+    ("hybridgen", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False}),
+    ("hybridgen-scan-exact", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False,
+                                           "scan": "exact"}),
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -135,6 +145,7 @@ def measure_profile(shape: Optional[LocalShape] = None, dtype: str = "fp32", rep
             "key_scan_pinned_gbps": cpu["key_scan_pinned_gbps"],
             "cpu_attention_pinned_gbps": cpu["cpu_attention_pinned_gbps"],
             "key_sketch_gbps": cpu["key_sketch_gbps"], "select_gbps": cpu["select_gbps"],
+            "key_scan_bf16dot_gbps": cpu["key_scan_bf16dot_gbps"],
             "numa_nodes": [{"node": n["node"], "kind": n["kind"], "read_gbps": n.get("read_gbps"),
                             "capacity_gb": n.get("capacity_gb")} for n in nodes]}
     return {"name": "this-machine", "measured": True, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -212,9 +223,11 @@ def _model(shape: LocalShape, dtype: str) -> ModelShape:
 
 
 def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: int = 5, dtype: str = "fp32",
-               reps: int = 3) -> Tuple[List[Row], List[Dict[str, Any]]]:
-    """(rows, the measured profile dict of each shape): every method of :func:`validation_methods`
-    at every shape.
+               reps: int = 3, methods: Optional[Sequence[Tuple[str, str, Dict[str, Any]]]] = None
+               ) -> Tuple[List[Row], List[Dict[str, Any]]]:
+    """(rows, the measured profile dict of each shape): every method of ``methods`` (default
+    :func:`validation_methods`) at every shape, its KV in ``dtype`` (a row's name says the dtype
+    when it is not fp32).
 
     Per shape, ``rounds`` times, for each method in turn: measure the profile at that shape,
     predict the method's layer with it, then run the method ``steps`` timed steps (after a
@@ -226,7 +239,8 @@ def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: in
     from hybridgen.methods import build_method
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    methods = validation_methods()
+    methods = list(methods) if methods is not None else validation_methods()
+    tag = "" if dtype == "fp32" else f" {dtype}"
     rows, profiles = [], []
     for shape in shapes:
         model = _model(shape, dtype)
@@ -250,10 +264,10 @@ def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: in
             preds = [p for p, _ in pairs[label]]
             meas = [m for _, m in pairs[label]]
             breakdown = predict_step(build_method(name, **params), model, work, hw_rep).breakdown
-            rows.append(Row(f"{label} {shape.label()}", SOURCE, statistics.median(preds), statistics.median(meas),
+            rows.append(Row(f"{label}{tag} {shape.label()}", SOURCE, statistics.median(preds), statistics.median(meas),
                             note=f"per-layer decode; median over {len(meas)} (profile, run) pairs, each run the "
                                  f"median of {steps} steps after a warm-up",
-                            extra={"method": label, "shape": list(shape.tuple),
+                            extra={"method": label, "shape": list(shape.tuple), "dtype": dtype,
                                    "pairs_ms": [[round(p * 1e3, 3), round(m * 1e3, 3)] for p, m in pairs[label]],
                                    "measured_min_s": min(meas), "measured_max_s": max(meas),
                                    "loadavg": [round(x, 2) for x in os.getloadavg()],

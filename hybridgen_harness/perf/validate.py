@@ -114,7 +114,10 @@ def run_validation(probe_dir: Optional[Union[str, Path]] = None, local: bool = T
     if local:
         shapes = local_rows.TINY if quick else local_rows.SHAPES
         lrows, profiles = local_rows.local_rows(shapes, steps=2, rounds=1 if quick else rounds, reps=3)
-        rows += lrows
+        brows, bprofiles = local_rows.local_rows(shapes, steps=2, rounds=1 if quick else rounds, reps=3,
+                                                 dtype="bf16", methods=local_rows.BF16_METHODS)
+        rows += lrows + brows
+        profiles += bprofiles
     machine = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
                "platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_before": load0,
                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
