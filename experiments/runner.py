@@ -189,8 +189,11 @@ def summary_row(cfg: DictConfig, m: Dict[str, Any]) -> Dict[str, Any]:
     row["params"] = ",".join(f"{k}={v}" for k, v in kp.items()) or "-"
     if cfg.exp.kind == "accuracy":
         for task, vals in (m.get("accuracy") or {}).items():
-            score = vals.get("acc_norm", vals.get("acc", vals.get("exact_match", vals.get("word_perplexity"))))
-            row[task] = score
+            named = [vals[k] for k in ("acc_norm", "acc", "exact_match", "word_perplexity") if k in vals]
+            if not named and vals and all(str(k).isdigit() for k in vals):  # RULER: a score per context length
+                row.update({f"{task}@{n}": v for n, v in vals.items()})
+            else:
+                row[task] = named[0] if named else None
         fid = m.get("fidelity") or {}
         row["top1"] = fid.get("top1_agreement")
         row["KL"] = fid.get("mean_kl")

@@ -151,3 +151,16 @@ def test_missing_dataset_fails_at_start_with_one_line(tmp_path):
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         assert p.returncode == 2 and len(lines) == 1, p.stderr
         assert lines[0].startswith("error: dataset") and "make data" in lines[0]
+
+
+def test_the_end_of_run_table_shows_a_score_per_ruler_length():
+    """RULER tasks report one score per context length: the table gets a column per length (it
+    showed '-' for the task before), and the other tasks their named metric."""
+    from experiments.runner import summary_row
+
+    cfg = OmegaConf.create({"method": {"name": "full", "params": {}}, "exp": {"kind": "accuracy"}})
+    metrics = {"accuracy": {"niah_single_1": {"4096": 0.5, "8192": 0.25}, "hg_needle": {"exact_match": 0.75},
+                            "hg_bigbench_social_iqa": {"acc": 0.4, "acc_norm": 0.45}}}
+    row = summary_row(cfg, metrics)
+    assert row["niah_single_1@4096"] == 0.5 and row["niah_single_1@8192"] == 0.25 and "niah_single_1" not in row
+    assert row["hg_needle"] == 0.75 and row["hg_bigbench_social_iqa"] == 0.45
