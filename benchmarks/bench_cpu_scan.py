@@ -314,7 +314,7 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=32768, help="host tokens per sequence")
     ap.add_argument("--topk-ratio", type=float, default=0.05)
-    ap.add_argument("--reps", type=int, default=7, help="rounds (each call once per round)")
+    ap.add_argument("--reps", type=int, default=None, help="rounds (each call once per round; default 7, 5 with --quick)")
     ap.add_argument("--copies", type=int, default=2, help="copies of the data, cycled (cold data)")
     ap.add_argument("--threads", type=str, default=None, help="comma-separated thread counts (default: 1,all)")
     ap.add_argument("--sketches", type=str, default="int8,int4")
@@ -325,8 +325,8 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = parse_checked(ap, argv)
     exit_on_existing_output(args)  # checked before measuring, never overwritten without --force
-    if args.quick:
-        args.reps = 5
+    if args.reps is None:  # --quick's 5 rounds never override an explicit --reps
+        args.reps = 5 if args.quick else 7
     args.sketches = [s for s in args.sketches.split(",") if s]
     n_all = runtime.scan_threads()
     threads = sorted({int(t) for t in args.threads.split(",")}) if args.threads else sorted({1, n_all})

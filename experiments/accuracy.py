@@ -21,11 +21,16 @@ from hybridgen.errors import MissingDataError
 
 
 def _metrics(task_res: Dict[str, Any]) -> Dict[str, Any]:
+    """A task's metrics from lm-eval's results ({"metric,filter": value}); a RULER task's score
+    per context length ("4096,none") keeps only the lengths run (lm-eval reports -1 for the
+    others, which is not a score)."""
     out: Dict[str, Any] = {}
     for key, val in task_res.items():
         if key == "alias" or "," not in key:
             continue
         metric, _filt = key.split(",", 1)
+        if metric.isdigit() and val == -1:
+            continue
         if isinstance(val, (int, float)) or val is None:
             out[metric] = None if val == "N/A" else val
     return out

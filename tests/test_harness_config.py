@@ -159,7 +159,12 @@ def test_the_end_of_run_table_shows_a_score_per_ruler_length():
     from experiments.runner import summary_row
 
     cfg = OmegaConf.create({"method": {"name": "full", "params": {}}, "exp": {"kind": "accuracy"}})
-    metrics = {"accuracy": {"niah_single_1": {"4096": 0.5, "8192": 0.25}, "hg_needle": {"exact_match": 0.75},
+    from experiments.accuracy import _metrics
+
+    ruler = _metrics({"alias": "niah_single_1", "4096,none": 0.5, "8192,none": 0.25, "16384,none": -1,
+                      "4096_stderr,none": "N/A"})
+    assert ruler == {"4096": 0.5, "8192": 0.25}  # lm-eval's -1 for a length that was not run is dropped
+    metrics = {"accuracy": {"niah_single_1": ruler, "hg_needle": {"exact_match": 0.75},
                             "hg_bigbench_social_iqa": {"acc": 0.4, "acc_norm": 0.45}}}
     row = summary_row(cfg, metrics)
     assert row["niah_single_1@4096"] == 0.5 and row["niah_single_1@8192"] == 0.25 and "niah_single_1" not in row

@@ -8,28 +8,46 @@ import torch
 
 from hybridgen.attention import native
 from hybridgen.attention.cpu_pool import CPUAttentionPool
-from hybridgen.attention.cpu_scan import scan_logits_stats, select
-from hybridgen.attention.cpu_select import fused_branch_bf16dot, fused_branch_fits
+from hybridgen.attention.cpu_scan import exact_logits_at, scan_logits_stats, select
+from hybridgen.attention.cpu_select import fused_branch_fits, rerank_exact
+from hybridgen.hybrid import host_branch as host_branch_module
 from hybridgen.hybrid.host_branch import host_branch
 from tests._scan_cases import host_segment, ref_logits
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="the C kernels do not build here")
+# the fused branch runs where the C kernels build with their vector bodies (native_fits)
+fits_here = pytest.mark.skipif(not (native.available() and native.has_avx2()),
+                               reason="the C kernels' vector bodies do not run here: the stagewise branch runs")
 POOL = CPUAttentionPool(workers=1, split_threads=2)
+# (B, Hkv, G, D, T, k, query scale): odd lengths, GQA ratios 1-8, k > T, k = T, peaked queries
+CASES = [(2, 2, 4, 128, 1001, 37, 2), (1, 3, 1, 64, 513, 20, 2), (3, 2, 2, 32, 700, 50, 2),
+         (2, 1, 8, 128, 2050, 100, 2), (1, 2, 3, 96, 77, 77, 2), (2, 2, 5, 64, 300, 400, 2),
+         (2, 4, 4, 64, 3000, 150, 8), (2, 2, 4, 128, 1001, 37, 6)]
 
 
-@pytest.mark.parametrize("B,Hkv,G,D,T,k", [(2, 2, 4, 128, 1001, 37), (1, 3, 1, 64, 513, 20), (3, 2, 2, 32, 700, 50),
-                                           (2, 1, 8, 128, 2050, 100), (1, 2, 3, 96, 77, 77), (2, 2, 5, 64, 300, 400)])
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the fused kernel's calls from host_branch (so a dispatch that never fires fails)."""
+    calls = []
+    real = host_branch_module.fused_branch_bf16dot
+    monkeypatch.setattr(host_branch_module, "fused_branch_bf16dot", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+@fits_here
+@pytest.mark.parametrize("B,Hkv,G,D,T,k,qs", CASES)
 @pytest.mark.parametrize("oversample", [1.0, 1.25, 2.0])
 @pytest.mark.parametrize("how", ["max", "sum"])
-def test_fused_branch_equals_the_stagewise_branch(B, Hkv, G, D, T, k, oversample, how):
-    seg = host_segment(B, Hkv, T, D, torch.bfloat16, seed=T + G)
-    q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(D + k)) * 2
+def test_fused_branch_equals_the_stagewise_branch(B, Hkv, G, D, T, k, qs, oversample, how, fused_calls):
+    seg = host_segment(B, Hkv, T, D, torch.bfloat16, seed=T + G + qs)
+    q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(D + k + qs)) * qs
     kw = dict(precision="bf16dot", oversample=oversample, group_score=how, keep_keys=True, pool=POOL)
     assert fused_branch_fits(q, seg.k, seg.v, k, False, None)
     stagewise = host_branch(q, seg.k, seg.v, D ** -0.5, k, False, fused=False, **kw)
+    assert not fused_calls
     kk = min(k, T)
     v_out = torch.full((B * Hkv * kk * D + 5,), float("nan"), dtype=torch.bfloat16)
     fused = host_branch(q, seg.k, seg.v, D ** -0.5, k, False, v_out=v_out, **kw)
+    assert fused_calls == [1]
     assert torch.equal(fused.idx, stagewise.idx)
     assert torch.equal(fused.logits, stagewise.logits)
     assert torch.equal(fused.v_rows, stagewise.v_rows) and fused.v_rows.data_ptr() == v_out.data_ptr()
@@ -43,30 +61,54 @@ def test_fused_branch_equals_the_stagewise_branch(B, Hkv, G, D, T, k, oversample
     assert (fused.idx.sort(dim=-1).values == fused.idx).all()  # ascending token order, as the stagewise one
 
 
-def test_the_re_rank_runs_inside_the_fused_branch():
-    """Over-selection matters on these inputs (the re-ranked k differ from the bf16-dot scan's own
-    top k), so a fused branch that skipped the re-rank would fail the test above."""
-    B, Hkv, G, D, T, k = 2, 2, 4, 128, 1001, 37
-    seg = host_segment(B, Hkv, T, D, torch.bfloat16, seed=T + G)
-    q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(D + k)) * 2
-    logits, _, stats = scan_logits_stats(q, seg.k, D ** -0.5, precision="bf16dot")
-    scan_top, _ = select(logits, Hkv, k, False, "max", stats=stats)
-    idx, _, _, _ = fused_branch_bf16dot(q, seg.k, seg.v, D ** -0.5, k, "max", 2.0, pool=POOL)
-    differ = [set(a.tolist()) != set(b.tolist()) for a, b in zip(idx.view(-1, k), scan_top.view(-1, k))]
-    assert any(differ)
+@fits_here
+def test_the_re_rank_and_its_corrected_logsumexp_matter_on_these_cases():
+    """On the cases above the re-ranked k differ from the bf16-dot scan's own top k, and the
+    re-rank without the logsumexp corrected by the candidates' exact logits picks differently
+    too: a fused branch that skipped either would fail the equality test."""
+    skipped_rerank = skipped_correction = False
+    for B, Hkv, G, D, T, k, qs in CASES:
+        seg = host_segment(B, Hkv, T, D, torch.bfloat16, seed=T + G + qs)
+        q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(D + k + qs)) * qs
+        k = min(k, T)
+        kc = min(T, -(-5 * k // 4))  # oversample 1.25
+        logits, _, stats = scan_logits_stats(q, seg.k, D ** -0.5, precision="bf16dot")
+        cand, approx = select(logits, Hkv, kc, False, "max", stats=stats)
+        exact = exact_logits_at(q, seg.k, cand, D ** -0.5)
+        full, _ = rerank_exact(exact, approx, cand, k, "max", logits, stats)
+        uncorrected, _ = rerank_exact(exact, None, cand, k, "max", logits, stats)
+        top, _ = select(logits, Hkv, k, False, "max", stats=stats)
+        as_sets = lambda x: [set(r.tolist()) for r in x.reshape(-1, k)]  # noqa: E731
+        skipped_rerank |= as_sets(full) != as_sets(top)
+        skipped_correction |= as_sets(full) != as_sets(uncorrected)
+    assert skipped_rerank and skipped_correction
 
 
-@pytest.mark.parametrize("case", ["mask", "per_head", "fp32 keys", "k=0", "torch top-k", "fp32 values"])
-def test_where_it_does_not_fit_the_stagewise_branch_runs(case):
-    B, Hkv, G, D, T, k = 2, 2, 2, 32, 90, 9
+@fits_here
+def test_keys_and_values_of_different_capacities():
+    B, Hkv, G, D, T, k = 2, 2, 4, 64, 400, 30
+    keys = host_segment(B, Hkv, T, D, torch.bfloat16, seed=1, extra=7)
+    vals = host_segment(B, Hkv, T, D, torch.bfloat16, seed=2, extra=60)
+    q = torch.randn(B, Hkv * G, D)
+    a = host_branch(q, keys.k, vals.v, D ** -0.5, k, False, precision="bf16dot", oversample=1.25)
+    b = host_branch(q, keys.k, vals.v, D ** -0.5, k, False, precision="bf16dot", oversample=1.25, fused=False)
+    assert torch.equal(a.idx, b.idx) and torch.equal(a.logits, b.logits) and torch.equal(a.v_rows, b.v_rows)
+
+
+@pytest.mark.parametrize("case", ["mask", "per_head", "fp32 keys", "k=0", "torch top-k", "numba scan", "G=9",
+                                  "fp32 values"])
+def test_where_it_does_not_fit_the_stagewise_branch_runs(case, fused_calls):
+    B, Hkv, G, D, T, k = 2, 2, 9 if case == "G=9" else 2, 32, 90, 9
     seg = host_segment(B, Hkv, T, D, torch.float32 if case == "fp32 keys" else torch.bfloat16, seed=3)
     q = torch.randn(B, Hkv * G, D)
     vals = seg.v.float() if case == "fp32 values" else seg.v
     mask = torch.rand(B, Hkv, T) > 0.3 if case == "mask" else None
-    args = dict(per_head=case == "per_head", mask=mask, topk_backend="torch" if case == "torch top-k" else "auto")
+    per_head = case == "per_head"
+    args = dict(mask=mask, topk_backend="torch" if case == "torch top-k" else "auto",
+                backend="numba" if case == "numba scan" else "auto")
     kk = 0 if case == "k=0" else k
-    assert not fused_branch_fits(q, seg.k, vals, kk, args["per_head"], mask, topk_backend=args["topk_backend"])
-    a = host_branch(q, seg.k, vals, 0.2, kk, args.pop("per_head"), precision="bf16dot", oversample=1.5, **args)
-    b = host_branch(q, seg.k, vals, 0.2, kk, case == "per_head", precision="bf16dot", oversample=1.5, fused=False,
-                    **args)
+    assert not fused_branch_fits(q, seg.k, vals, kk, per_head, mask, args["backend"], args["topk_backend"])
+    a = host_branch(q, seg.k, vals, 0.2, kk, per_head, precision="bf16dot", oversample=1.5, **args)
+    b = host_branch(q, seg.k, vals, 0.2, kk, per_head, precision="bf16dot", oversample=1.5, fused=False, **args)
+    assert not fused_calls
     assert torch.equal(a.idx, b.idx) and torch.equal(a.logits, b.logits) and torch.equal(a.v_rows, b.v_rows)

@@ -155,12 +155,14 @@ def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool
 def fused_branch_fits(q: Tensor, keys: Tensor, values: Tensor, k: int, per_head: bool, mask: Optional[Tensor],
                       backend: str = "auto", topk_backend: str = "auto") -> bool:
     """True when :func:`fused_branch_bf16dot` runs this branch: the C kernels built, bf16 keys and
-    values the C scan fits, shared selection, no mask, k > 0, the native scan and top-k."""
+    values the C scan fits (one value row per key), shared selection, no mask, k > 0, the
+    native scan and top-k."""
     from hybridgen.attention.cpu_scan import native_fits, resolve_backend
 
     Hq, Hkv, D = q.shape[1], keys.shape[1], keys.shape[-1]
     return (native.lib() is not None and not per_head and mask is None and k > 0 and keys.shape[2] > 0
-            and keys.dtype == torch.bfloat16 and values.dtype == torch.bfloat16 and values.shape[-1] == D
+            and keys.dtype == torch.bfloat16 and values.dtype == torch.bfloat16
+            and values.shape[:2] == keys.shape[:2] and values.shape[2] >= keys.shape[2] and values.shape[-1] == D
             and Hq % Hkv == 0 and native_fits(keys.dtype, Hq // Hkv, D)
             and resolve_backend(backend, keys.dtype) == "native" and topk_backend in ("auto", "native"))
 
@@ -180,6 +182,7 @@ def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, 
     V rows [B, Hkv, k, D], seconds [4]: scan, selection, exact logits + re-rank, gather, summed
     over rows and divided by the threads that ran them).
     """
+    from hybridgen.attention.cpu_pool import SPLIT_MIN_WORK
     from hybridgen.attention.cpu_scan import SELECT_HOW, TOKEN_BLOCK, rows_view
 
     if how not in ("max", "sum"):
@@ -195,19 +198,19 @@ def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, 
     qb = q.to(torch.bfloat16).float().reshape(B * Hkv, G, D).contiguous()
     kr, kcap = rows_view(keys)
     vr, vcap = rows_view(values)
-    if vcap != kcap:  # the kernel reads both with one row stride
-        vr, vcap = values.contiguous().view(-1, D), T
-        kr, kcap = keys.contiguous().view(-1, D), T
+    rows = B * Hkv
+    if v_out is not None and (not v_out.is_contiguous() or v_out.numel() < rows * k * D or v_out.dtype != values.dtype):
+        raise ValueError(f"v_out must be a contiguous {values.dtype} buffer of >= {rows * k * D} elements")
     idx = torch.empty(B, Hkv, k, dtype=torch.int64)
     sel = torch.empty(B, Hq, k, dtype=torch.float32)
-    dst = v_out.view(-1)[:B * Hkv * k * D] if v_out is not None else torch.empty(B * Hkv * k * D, dtype=values.dtype)
-    seconds = torch.full((B * Hkv, 4), float("nan"), dtype=torch.float64)
+    dst = v_out.view(-1)[:rows * k * D] if v_out is not None else torch.empty(rows * k * D, dtype=values.dtype)
+    seconds = torch.full((rows, 4), float("nan"), dtype=torch.float64)
     pool = pool or default_pool()
-    rows = B * Hkv
+    work = rows * G * T * D
     pool.run_split(native.lib().hg_branch_bf16dot, rows, qb.data_ptr(), qx.data_ptr(), kr.data_ptr(), vr.data_ptr(),
-                   kcap, float(scale), T, D, G, TOKEN_BLOCK, SELECT_HOW["raw" if G == 1 else how], k, kc,
-                   idx.data_ptr(), sel.data_ptr(), dst.data_ptr(), seconds.data_ptr(), work=rows * G * T * D)
+                   kcap, vcap, float(scale), T, D, G, TOKEN_BLOCK, SELECT_HOW["raw" if G == 1 else how], k, kc,
+                   idx.data_ptr(), sel.data_ptr(), dst.data_ptr(), seconds.data_ptr(), work=work)
     if torch.isnan(seconds).any():
         raise MemoryError("the fused CPU branch could not allocate its per-thread scratch")
-    threads = max(1, min(pool.split_threads, rows))
-    return idx, sel, dst.view(B, Hkv, k, D), seconds.sum(dim=0) / threads
+    threads = min(pool.split_threads, rows) if work >= SPLIT_MIN_WORK else 1  # as run_split splits
+    return idx, sel, dst.view(B, Hkv, k, D), seconds.sum(dim=0) / max(1, threads)

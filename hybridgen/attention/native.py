@@ -57,7 +57,7 @@ _SIGNATURES = {
     "hg_select": ([_P, _I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I], ctypes.c_int),
     "hg_rows_bf16": ([_P, _P, _I, _P, _I, _P, _F, _I, _I, _I, _I], None),
     "hg_gather_rows": ([_P, _I, _P, _I, _I, _P, _I, _I, _I], None),
-    "hg_branch_bf16dot": ([_P, _P, _P, _P, _I, _F, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I], ctypes.c_int),
+    "hg_branch_bf16dot": ([_P, _P, _P, _P, _I, _I, _F, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I], ctypes.c_int),
 }
 
 

@@ -113,10 +113,11 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
             and fused_branch_fits(q, keys, values, k, per_head, mask, backend, topk_backend)):
         idx, logits, v_rows, sec = fused_branch_bf16dot(q, keys, values, scale, k, group_score, oversample,
                                                         v_out, pool)
+        t0 = time.perf_counter()
         k_rows = gather_rows(keys, idx, pool=pool) if keep_keys else None
         scan_s, topk_s, recompute_s, gather_s = sec.tolist()
-        return HostSelection(idx, logits, v_rows, k_rows, None, True, scan_s, topk_s, gather_s,
-                             recompute_s=recompute_s)
+        return HostSelection(idx, logits, v_rows, k_rows, None, True, scan_s, topk_s,
+                             gather_s + time.perf_counter() - t0, recompute_s=recompute_s)
     buf = scratch_logits(B * Hq * T)
     t0 = time.perf_counter()
     if sketch is not None:

@@ -12,7 +12,8 @@
  * result is the serial branch's, bit for bit.
  *
  * qb [R][G][D] float32 holding bf16 values (the scan's query); qx [R][G][D] float32 (the exact
- * query); k, v: bf16 rows as in the scan (row of (r, t) = r*cap + t, D elements); how: the
+ * query); k, v: bf16 rows as in the scan (row of (r, t) = r*cap + t for keys, r*vcap + t for
+ * values, D elements); how: the
  * group-score code of hg_select (0 max, 1 sum, 2 raw for G = 1); kc >= kk candidates (kc == kk:
  * no re-rank, the candidates' logits are recomputed exactly); idx [R][kk] int64 (ascending);
  * sel [R][G][kk] float32 (exact logits at idx); v_out [R][kk][D] bf16; seconds [R][4]: each
@@ -56,9 +57,9 @@ static uint8_t *branch_scratch(size_t bytes) {
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
 HG_API int hg_branch_bf16dot(const float *qb, const float *qx, const uint16_t *k, const uint16_t *v, int64_t cap,
-                             float scale, int64_t T, int64_t D, int64_t G, int64_t block, int64_t how, int64_t kk,
-                             int64_t kc, int64_t *idx, float *sel, uint16_t *v_out, double *seconds, int64_t j0,
-                             int64_t j1) {
+                             int64_t vcap, float scale, int64_t T, int64_t D, int64_t G, int64_t block, int64_t how,
+                             int64_t kk, int64_t kc, int64_t *idx, float *sel, uint16_t *v_out, double *seconds,
+                             int64_t j0, int64_t j1) {
     int64_t nblk = (T + block - 1) / block;
     size_t b_logits = ALIGN64((size_t)(G * T) * 4), b_stats = ALIGN64((size_t)(nblk * G * 2) * 4);
     size_t b_cand = ALIGN64((size_t)kc * 8), b_kc = ALIGN64((size_t)(G * kc) * 4);
@@ -89,8 +90,8 @@ HG_API int hg_branch_bf16dot(const float *qb, const float *qx, const uint16_t *k
             hg_rows_bf16(qx + r * G * D, kr, cap, ir, kk, sr, scale, D, G, 0, 1);
         }
         double t3 = seconds_now();
-        hg_gather_rows((const uint8_t *)(v + r * cap * D), cap, ir, kk, 1, (uint8_t *)(v_out + r * kk * D), 2 * D, 0,
-                       1);
+        hg_gather_rows((const uint8_t *)(v + r * vcap * D), vcap, ir, kk, 1, (uint8_t *)(v_out + r * kk * D), 2 * D,
+                       0, 1);
         double t4 = seconds_now();
         double *s = seconds + 4 * r;
         s[0] = t1 - t0, s[1] = t2 - t1, s[2] = t3 - t2, s[3] = t4 - t3;
