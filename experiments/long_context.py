@@ -21,6 +21,11 @@ finishes (one write per document; an unterminated last line, from a run killed m
 dropped on resume). An existing DIR is refused unless ``--resume``, which continues it (same
 arguments, same code, same machine; finished (document, configuration) pairs are skipped). ``--report`` (or the end of a run)
 writes the table and figures (:mod:`hybridgen_harness.long_context`).
+
+``--source ruler`` runs lm-eval's RULER needle tasks that work offline instead (``--variants``
+among niah_single_1, niah_multikey_2, niah_multikey_3; ``--samples`` per (length, task); RULER
+places its own needles, so no ``--depths``): each sample's prompt as lm-eval sends it, scored as
+lm-eval scores RULER (:mod:`hybridgen.eval.ruler_docs`), every method from one prefill per sample.
 """
 from __future__ import annotations
 
@@ -89,10 +94,13 @@ def _arguments(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", required=True, help="the run folder (run.json, samples.jsonl, table, figures)")
     p.add_argument("--model", default="gemma3-270m")
+    p.add_argument("--source", default="needle", choices=("needle", "ruler"),
+                   help="the documents: needles over the essays (default), or lm-eval's offline RULER niah tasks")
     p.add_argument("--lengths", default="4096,8192", help="prompt lengths in tokens, comma-separated")
-    p.add_argument("--depths", default="10,30,50,70,90", help="needle depths in percent")
-    p.add_argument("--samples", type=int, default=8, help="documents per (length, depth)")
-    p.add_argument("--variants", default="single,multikey,multivalue", help="cycled over a cell's samples")
+    p.add_argument("--depths", default=None, help="needle depths in percent (default 10,30,50,70,90; needle only)")
+    p.add_argument("--samples", type=int, default=8, help="documents per (length, depth), or per (length, task)")
+    p.add_argument("--variants", default=None, help="needle: variants cycled over a cell's samples (default "
+                   "single,multikey,multivalue); ruler: the tasks (default: the three that run offline)")
     p.add_argument("--budgets", default="0.2,0.05")
     p.add_argument("--methods", default=METHODS, help="method names, or NAME:key=value[:key=value] specs")
     p.add_argument("--seed", type=int, default=0)
@@ -105,18 +113,25 @@ def _arguments(argv) -> argparse.Namespace:
     p.add_argument("--no-readme", action="store_true", help="write no README block (e.g. an ablation's run)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.lengths, args.depths = _csv(args.lengths, int), _csv(args.depths, float)
-    args.budgets, args.variants, args.methods = _csv(args.budgets, float), _csv(args.variants), _csv(args.methods)
+    from hybridgen.data.needle import VARIANTS
+    from hybridgen.eval.ruler_docs import OFFLINE_TASKS
+
+    ruler = args.source == "ruler"
+    if ruler and args.depths is not None:
+        raise ConfigError("--depths places the needles of --source needle; RULER's tasks place their own: leave it out")
+    known = OFFLINE_TASKS if ruler else VARIANTS
+    args.lengths = _csv(args.lengths, int)
+    args.depths = None if ruler else _csv(args.depths or "10,30,50,70,90", float)
+    args.variants = _csv(args.variants) if args.variants is not None else list(known)
+    args.budgets, args.methods = _csv(args.budgets, float), _csv(args.methods)
     if args.samples < 1 or not args.lengths or min(args.lengths) < 64:
         raise ConfigError("--samples must be >= 1 and --lengths at least 64 tokens each")
-    if not args.depths or not all(0 <= d <= 100 for d in args.depths):
+    if not ruler and (not args.depths or not all(0 <= d <= 100 for d in args.depths)):
         raise ConfigError(f"--depths must be percents in [0, 100], got {args.depths}")
     if not args.budgets or not all(0 < b < 1 for b in args.budgets):
         raise ConfigError(f"--budgets must be fractions in (0, 1), got {args.budgets}")
-    from hybridgen.data.needle import VARIANTS
-
-    if not args.variants or not set(args.variants) <= set(VARIANTS):
-        raise ConfigError(f"--variants must be among {', '.join(VARIANTS)}, got {args.variants}")
+    if not args.variants or not set(args.variants) <= set(known) or len(set(args.variants)) != len(args.variants):
+        raise ConfigError(f"--variants must be among {', '.join(known)} (each once), got {args.variants}")
     if "full" not in args.methods:
         args.methods.insert(0, "full")  # the reference of every paired difference
     return args
@@ -124,7 +139,10 @@ def _arguments(argv) -> argparse.Namespace:
 
 def _identity(args) -> Dict[str, Any]:
     keys = ("model", "lengths", "depths", "samples", "variants", "budgets", "methods", "seed", "docs")
-    return {k: getattr(args, k) for k in keys}
+    ident = {k: getattr(args, k) for k in keys}
+    if args.source != "needle":  # needle runs from before --source existed keep their identity
+        ident["source"] = args.source
+    return ident
 
 
 def _open_run(args, out: Path, engine) -> set:
@@ -161,6 +179,7 @@ def run(args) -> Path:
     import torch
 
     from hybridgen.data import needle, sources
+    from hybridgen.eval import ruler_docs
     from hybridgen.kv import TieredStore
     from hybridgen.log import bar
     from hybridgen.methods import build_method
@@ -168,24 +187,30 @@ def run(args) -> Path:
     from hybridgen.model.shared_prefill import record_prefill
 
     configs = method_configs(args.methods, args.budgets)
-    corpus = sources.corpus("essays")  # a one-line error naming `make data` when missing
+    ruler = args.source == "ruler"
+    corpus = None if ruler else sources.corpus("essays")  # a one-line error naming `make data` when missing
     engine = load_model(args.model)
     if engine.tokenizer is None:
-        raise ConfigError(f"model {args.model!r} has no tokenizer; needle lengths are counted in its tokens")
+        raise ConfigError(f"model {args.model!r} has no tokenizer; lengths are counted in its tokens")
     out = Path(args.out)
     done = _open_run(args, out, engine)
-    docs = needle.build_docs(corpus, args.lengths, args.depths, args.samples, engine.tokenizer, args.seed,
-                             args.variants)
+    if ruler:
+        docs = ruler_docs.build_docs(args.variants, args.lengths, args.samples, engine.tokenizer.name_or_path,
+                                     args.seed)
+    else:
+        docs = needle.build_docs(corpus, args.lengths, args.depths, args.samples, engine.tokenizer, args.seed,
+                                 args.variants)
     docs = [d for d in docs if any(fnmatch.fnmatchcase(d["id"], pat) for pat in _csv(args.docs))]
     if not docs:
-        raise ConfigError(f"--docs {args.docs!r} matches no document id (ids look like needle-8192-30-0)")
+        raise ConfigError(f"--docs {args.docs!r} matches no document id (ids look like "
+                          f"{'ruler-niah_single_1-4096-0' if ruler else 'needle-8192-30-0'})")
     todo = [d for d in docs if any((d["id"], label) not in done for label, _, _ in configs)]
     print(f"{len(docs)} documents x {len(configs)} method configurations on {engine!r}; "
           f"{len(docs) - len(todo)} finished before", flush=True)
     with open(out / SAMPLES, "a") as sink:
-        for doc in bar(todo, desc="needle documents", unit="doc", explicit=True):
+        for doc in bar(todo, desc=f"{args.source} documents", unit="doc", explicit=True):
             ids = torch.tensor([engine.tokenizer(doc["prompt"])["input_ids"]])
-            new = NEW_TOKENS[doc["variant"]]
+            new = (ruler_docs.NEW_TOKENS if ruler else NEW_TOKENS)[doc["variant"]]
             t0 = time.perf_counter()
             shared = record_prefill(engine, ids, None, max_new_tokens=new)
             prefill_s = time.perf_counter() - t0
@@ -197,8 +222,9 @@ def run(args) -> Path:
                 r = engine.generate(ids, build_method(name, **params), max_new_tokens=new, store=TieredStore(),
                                     shared_prefill=shared)
                 decoded = engine.tokenizer.decode(r.tokens[0], skip_special_tokens=True)
-                text = decoded.split("\n")[0]
-                score = needle.score(text, doc["answer"])
+                # RULER scores the whole generation (its `until` is empty); a needle answer is its first line
+                text = decoded if ruler else decoded.split("\n")[0]
+                score = (ruler_docs.score if ruler else needle.score)(text, doc["answer"])
                 rows.append({"doc": doc["id"], "length": doc["length"], "tokens": int(ids.shape[1]),
                              "depth": doc["depth"], "variant": doc["variant"], "sample": doc["sample"],
                              "label": label, "method": name, "params": params, "score": score,
@@ -216,11 +242,19 @@ def run(args) -> Path:
 @cli_errors
 def main(argv=None) -> None:
     args = _arguments(argv)
-    out = Path(args.out) if args.report else run(args)
-    from hybridgen_harness.long_context import write_report
+    from hybridgen_harness.long_context import readme_markers, source_of, write_report
 
+    out = Path(args.out)
+    source = source_of(json.loads((out / RUN).read_text())) if args.report and (out / RUN).exists() else args.source
+    # the repository README holds the needle run's summary; another source's only where asked
     readme = None if args.no_readme else Path(args.readme) if args.readme else (
-        _ROOT / "README.md" if out.resolve().is_relative_to((_ROOT / "results").resolve()) else None)
+        _ROOT / "README.md" if source == "needle" and out.resolve().is_relative_to((_ROOT / "results").resolve())
+        else None)
+    if readme is not None and not all(m in readme.read_text() for m in readme_markers(source)):
+        raise ConfigError(f"{readme} has no {source} summary markers ({readme_markers(source)[0]}); add them "
+                          "where the block goes, or pass --no-readme")  # checked before hours of runs
+    if not args.report:
+        run(args)
     print(write_report(out, readme))
 
 

@@ -39,7 +39,11 @@ def test_methods_at_a_budget():
 
 @pytest.mark.parametrize("argv, match", [
     (["--depths", "50,120"], "--depths"), (["--budgets", "0.2,1.5"], "--budgets"),
-    (["--variants", "single,twokey"], "--variants"), (["--samples", "0"], "--samples")])
+    (["--variants", "single,twokey"], "--variants"), (["--samples", "0"], "--samples"),
+    (["--source", "ruler", "--variants", "niah_single_2"], "--variants"),  # downloads essays: not offline
+    (["--source", "ruler", "--variants", "single"], "--variants"),
+    (["--source", "ruler", "--depths", "50"], "RULER's tasks place their own"),
+    (["--variants", "single,single"], "each once")])
 def test_bad_arguments_are_one_line_errors(argv, match):
     with pytest.raises(ConfigError, match=match):
         lc._arguments(["--out", "x", *argv])
@@ -141,6 +145,53 @@ def test_a_run_on_a_real_model_resumes_and_reports(tmp_path, monkeypatch, capsys
     assert len(recorded) == 3 and len(again) == len(rows)
     key = ["doc", "label"]
     assert again.set_index(key).sort_index()["generation"].equals(rows.set_index(key).sort_index()["generation"])
+
+
+def test_the_identity_of_a_needle_run_is_unchanged_by_the_source_argument():
+    """Runs made before --source existed resume: a needle run's identity has no 'source' key."""
+    needle_args = lc._arguments(["--out", "x"])
+    assert "source" not in lc._identity(needle_args) and needle_args.depths == [10.0, 30.0, 50.0, 70.0, 90.0]
+    ruler_args = lc._arguments(["--out", "x", "--source", "ruler"])
+    ident = lc._identity(ruler_args)
+    assert ident["source"] == "ruler" and ident["depths"] is None
+    assert ident["variants"] == ["niah_single_1", "niah_multikey_2", "niah_multikey_3"]
+
+
+def test_a_ruler_run_scores_lm_evals_samples_as_lm_eval_does(tmp_path):
+    """--source ruler on SmolLM2 at 512 tokens: the documents are lm-eval's RULER samples (the
+    prompt its instance sends, its answers), each method starts from one prefill per sample, a
+    score is lm-eval's own process_results for the sample, and the report says RULER."""
+    import random
+
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from hybridgen.eval import ruler_docs
+    from hybridgen.model import smollm2
+
+    out = tmp_path / "ruler"
+    argv = ["--out", str(out), "--source", "ruler", "--model", "smollm2-135m", "--lengths", "512", "--samples", "1",
+            "--variants", "niah_single_1,niah_multikey_2", "--budgets", "0.25", "--methods", "full,flexgen"]
+    lc.main(argv)
+    rows = pd.read_json(out / "samples.jsonl", lines=True)
+    assert sorted(rows["doc"].unique()) == ["ruler-niah_multikey_2-512-0", "ruler-niah_single_1-512-0"]
+    by = rows.pivot(index="doc", columns="label", values="generation")
+    assert (by["flexgen@0.25"] == by["full"]).all()  # lossless
+    tokenizer = str(smollm2.prepared_dir())  # the prepared model's tokenizer, as the run's engine has it
+    manager = TaskManager(metadata={"tokenizer": tokenizer, "max_seq_lengths": [512]})
+    docs = {d["id"]: d for d in ruler_docs.build_docs(["niah_single_1", "niah_multikey_2"], [512], 1, tokenizer)}
+    for task_name in ("niah_single_1", "niah_multikey_2"):
+        random.seed(0)  # as lm-eval's simple_evaluate(random_seed=0) before it builds the task
+        task = get_task_dict([task_name], manager)[task_name]
+        task.build_all_requests(rank=0, world_size=1, limit=1)
+        inst = task.instances[0]
+        row = rows[(rows["doc"] == f"ruler-{task_name}-512-0") & (rows["label"] == "full")].iloc[0]
+        assert row["answer"] == list(inst.doc["outputs"]) and row["tokens"] <= 512
+        assert docs[row["doc"]]["prompt"] == inst.args[0]  # the context lm-eval sends the model
+        assert row["generation"] == row["decoded"]  # RULER scores the whole generation (no stop string)
+        assert row["score"] == task.process_results(inst.doc, [row["generation"]])["512"]
+        assert ruler_docs.score(inst.doc["outputs"][0], row["answer"]) == 1.0
+    text = (out / "README.md").read_text()
+    assert text.startswith("# RULER needle tasks at long context") and "string_match_all" in text
 
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "long_context" / "gemma3-270m"
