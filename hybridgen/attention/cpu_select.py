@@ -120,6 +120,18 @@ def rerank_exact(exact: Tensor, approx: Optional[Tensor], cand: Tensor, k: int, 
     return cand.gather(2, pos), exact.gather(2, pos.repeat_interleave(G, dim=1))
 
 
+def _selection_args(q: Tensor, keys: Tensor, k: int, how: str, oversample: float) -> Tuple[Tensor, int, int]:
+    """(q as [B, Hq, D], k clamped to [0, T], the candidates' count) of a bf16-dot selection;
+    ConfigError for an unknown group score or an oversample below 1."""
+    if how not in ("max", "sum"):
+        raise ConfigError(f"unknown group score {how!r}; choose 'max' or 'sum'")
+    if q.dim() == 4:
+        q = q[:, :, 0]
+    T = keys.shape[2]
+    k = max(0, min(k, T))
+    return q, k, candidate_count(k, oversample, T)
+
+
 def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool = False, how: str = "max",
                    mask: Optional[Tensor] = None, oversample: float = DEFAULT_OVERSAMPLE, backend: str = "auto",
                    pool: Optional[CPUAttentionPool] = None, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
@@ -133,14 +145,8 @@ def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool
     (reused across calls: no fresh allocation and its page faults per layer). Returns (idx [B, Hsel, k] int64, logits [B, Hq, k] float32: exact
     fp32 logits of q at idx, -inf where masked); Hsel = Hq (per_head) or Hkv.
     """
-    if how not in ("max", "sum"):
-        raise ConfigError(f"unknown group score {how!r}; choose 'max' or 'sum'")
-    if q.dim() == 4:
-        q = q[:, :, 0]
-    B, Hq, _ = q.shape
-    Hkv, T = keys.shape[1], keys.shape[2]
-    k = max(0, min(k, T))
-    kc = candidate_count(k, oversample, T)
+    q, k, kc = _selection_args(q, keys, k, how, oversample)
+    Hq, Hkv = q.shape[1], keys.shape[1]
     logits, _, stats = scan_logits_stats(q, keys, scale, mask, backend, out, pool, precision="bf16dot")
     cand, approx = select(logits, Hkv, kc, per_head, how, pool=pool, stats=stats)
     if k == 0:
@@ -185,15 +191,10 @@ def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, 
     from hybridgen.attention.cpu_pool import SPLIT_MIN_WORK
     from hybridgen.attention.cpu_scan import SELECT_HOW, TOKEN_BLOCK, rows_view
 
-    if how not in ("max", "sum"):
-        raise ConfigError(f"unknown group score {how!r}; choose 'max' or 'sum'")
-    if q.dim() == 4:
-        q = q[:, :, 0]
+    q, k, kc = _selection_args(q, keys, k, how, oversample)
     B, Hq, D = q.shape
     Hkv, T = keys.shape[1], keys.shape[2]
     G = Hq // Hkv
-    k = min(k, T)
-    kc = candidate_count(k, oversample, T)
     qx = q.float().reshape(B * Hkv, G, D).contiguous()
     qb = q.to(torch.bfloat16).float().reshape(B * Hkv, G, D).contiguous()
     kr, kcap = rows_view(keys)
