@@ -219,10 +219,16 @@ def run(args) -> Path:
                 if (doc["id"], label) in done:
                     continue
                 t1 = time.perf_counter()
+                # RULER: generation stops at EOS, as lm-eval's generate_until stops there even with an
+                # empty `until` (needle runs keep their fixed length: their answer is the first line)
+                eos = engine.tokenizer.eos_token_id if ruler else None
                 r = engine.generate(ids, build_method(name, **params), max_new_tokens=new, store=TieredStore(),
-                                    shared_prefill=shared)
-                decoded = engine.tokenizer.decode(r.tokens[0], skip_special_tokens=True)
-                # RULER scores the whole generation (its `until` is empty); a needle answer is its first line
+                                    shared_prefill=shared, eos_token_id=eos)
+                generated = r.tokens[0].tolist()
+                if eos in generated:
+                    generated = generated[:generated.index(eos)]
+                decoded = engine.tokenizer.decode(generated, skip_special_tokens=True)
+                # RULER scores the whole generation up to EOS; a needle answer is its first line
                 text = decoded if ruler else decoded.split("\n")[0]
                 score = (ruler_docs.score if ruler else needle.score)(text, doc["answer"])
                 rows.append({"doc": doc["id"], "length": doc["length"], "tokens": int(ids.shape[1]),
@@ -230,7 +236,7 @@ def run(args) -> Path:
                              "label": label, "method": name, "params": params, "score": score,
                              "answer": doc["answer"], "generation": text, "decoded": decoded,
                              "peak_bytes_by_tier": r.peak_bytes_by_tier, "method_s": time.perf_counter() - t1,
-                             "dense_prefill_s": prefill_s})
+                             "dense_prefill_s": prefill_s, **({"generated_tokens": len(generated)} if ruler else {})})
                 line.append(f"{label} {score:g}")
             sink.write("".join(json.dumps(row) + "\n" for row in rows))  # the whole document in one write
             sink.flush()
@@ -245,7 +251,11 @@ def main(argv=None) -> None:
     from hybridgen_harness.long_context import readme_markers, source_of, write_report
 
     out = Path(args.out)
-    source = source_of(json.loads((out / RUN).read_text())) if args.report and (out / RUN).exists() else args.source
+    if args.report and not (out / RUN).exists():
+        raise ConfigError(f"--out {out} holds no run ({RUN} missing); run it first, or point --out at a run folder")
+    if args.readme and not Path(args.readme).is_file():
+        raise ConfigError(f"--readme {args.readme} is not a file")
+    source = source_of(json.loads((out / RUN).read_text())) if args.report else args.source
     # the repository README holds the needle run's summary; another source's only where asked
     readme = None if args.no_readme else Path(args.readme) if args.readme else (
         _ROOT / "README.md" if source == "needle" and out.resolve().is_relative_to((_ROOT / "results").resolve())

@@ -109,6 +109,11 @@ def _refused(argv, capsys, match):
     assert line.startswith("error:") and match in line
 
 
+def test_a_report_of_a_folder_without_a_run_is_a_one_line_error(tmp_path, capsys):
+    _refused(["--out", str(tmp_path), "--report"], capsys, "holds no run")
+    _refused(["--out", str(tmp_path), "--report", "--readme", str(tmp_path / "nope.md")], capsys, "holds no run")
+
+
 def test_a_run_on_a_real_model_resumes_and_reports(tmp_path, monkeypatch, capsys):
     from hybridgen.data import sources
 
@@ -157,7 +162,7 @@ def test_the_identity_of_a_needle_run_is_unchanged_by_the_source_argument():
     assert ident["variants"] == ["niah_single_1", "niah_multikey_2", "niah_multikey_3"]
 
 
-def test_a_ruler_run_scores_lm_evals_samples_as_lm_eval_does(tmp_path):
+def test_a_ruler_run_scores_lm_evals_samples_as_lm_eval_does(tmp_path, capsys):
     """--source ruler on SmolLM2 at 512 tokens: the documents are lm-eval's RULER samples (the
     prompt its instance sends, its answers), each method starts from one prefill per sample, a
     score is lm-eval's own process_results for the sample, and the report says RULER."""
@@ -176,6 +181,7 @@ def test_a_ruler_run_scores_lm_evals_samples_as_lm_eval_does(tmp_path):
     assert sorted(rows["doc"].unique()) == ["ruler-niah_multikey_2-512-0", "ruler-niah_single_1-512-0"]
     by = rows.pivot(index="doc", columns="label", values="generation")
     assert (by["flexgen@0.25"] == by["full"]).all()  # lossless
+    raw = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]  # "" stays a string
     tokenizer = str(smollm2.prepared_dir())  # the prepared model's tokenizer, as the run's engine has it
     manager = TaskManager(metadata={"tokenizer": tokenizer, "max_seq_lengths": [512]})
     docs = {d["id"]: d for d in ruler_docs.build_docs(["niah_single_1", "niah_multikey_2"], [512], 1, tokenizer)}
@@ -184,17 +190,38 @@ def test_a_ruler_run_scores_lm_evals_samples_as_lm_eval_does(tmp_path):
         task = get_task_dict([task_name], manager)[task_name]
         task.build_all_requests(rank=0, world_size=1, limit=1)
         inst = task.instances[0]
-        row = rows[(rows["doc"] == f"ruler-{task_name}-512-0") & (rows["label"] == "full")].iloc[0]
+        row = next(r for r in raw if r["doc"] == f"ruler-{task_name}-512-0" and r["label"] == "full")
         assert row["answer"] == list(inst.doc["outputs"]) and row["tokens"] <= 512
         assert docs[row["doc"]]["prompt"] == inst.args[0]  # the context lm-eval sends the model
         assert row["generation"] == row["decoded"]  # RULER scores the whole generation (no stop string)
+        assert row["generated_tokens"] <= ruler_docs.NEW_TOKENS[task_name]
         assert row["score"] == task.process_results(inst.doc, [row["generation"]])["512"]
         assert ruler_docs.score(inst.doc["outputs"][0], row["answer"]) == 1.0
+    # the generation stops at EOS, as lm-eval's does (SmolLM2 ends its answer within a few tokens)
+    assert (rows["generated_tokens"] < rows["variant"].map(ruler_docs.NEW_TOKENS)).any()
     text = (out / "README.md").read_text()
     assert text.startswith("# RULER needle tasks at long context") and "string_match_all" in text
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{report.README_BEGIN}\nneedle block\n{report.README_END}\n")
+    _refused([*argv, "--readme", str(readme), "--resume"], capsys, "no ruler summary markers")  # before any run
+    begin, end = report.readme_markers("ruler")
+    readme.write_text(readme.read_text() + f"{begin}\nOLD-RULER-BLOCK\n{end}\n")
+    lc.main(["--out", str(out), "--report", "--readme", str(readme)])
+    spliced = readme.read_text()
+    assert "needle block" in spliced and "OLD-RULER-BLOCK" not in spliced and "RULER tasks" in spliced
 
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "long_context" / "gemma3-270m"
+
+
+@pytest.mark.skipif(not (COMMITTED / "table.csv").exists(), reason="no reported long-context run")
+def test_the_committed_folder_readme_regenerates_byte_for_byte(tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(COMMITTED, copy)
+    report.write_report(copy)
+    assert (copy / "README.md").read_text() == (COMMITTED / "README.md").read_text()
 
 
 @pytest.mark.skipif(not (COMMITTED / "table.csv").exists(), reason="no reported long-context run")

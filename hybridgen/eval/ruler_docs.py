@@ -6,12 +6,13 @@ haystack of other needles, numbers) and ``niah_multikey_3`` (the same with UUIDs
 download Paul Graham essays. A document here is one of the task's samples as lm-eval would send
 it to the model: its prompt is the task instance's context (the input and its ``gen_prefix``),
 its length the task's ``max_seq_lengths`` entry (``max_length``; RULER's own token count of the
-sample, often below it for UUIDs, is kept as ``ruler_tokens``), its answers the task's
-``outputs``. A generation is scored as lm-eval scores it (``string_match_all`` after
-``postprocess_pred``: the share of the answers it contains; 0 or 1 here, one answer each), over
-the first :data:`NEW_TOKENS` tokens of the generation: RULER generates up to 128, and the answer
-follows the prefix, so a method that gives it later than that scores 0 here (the same cap for
-every method, so the paired differences compare like with like).
+sample, its input tokens plus the 128 it sets aside for the answer, often below the length for
+UUIDs, is kept as ``ruler_tokens``), its answers the task's ``outputs``. A generation, up to
+EOS as lm-eval's ``generate_until`` stops it, is scored as lm-eval scores it
+(``string_match_all`` after ``postprocess_pred``: the share of the answers it contains; 0 or 1
+here, one answer each), over at most :data:`NEW_TOKENS` tokens: RULER generates up to 128, and
+the answer follows the prefix, so a method that gives it later than that scores 0 here (the
+same cap for every method, so the paired differences compare like with like).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from typing import Any, Dict, List, Sequence
 from hybridgen.errors import ConfigError
 
 OFFLINE_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
-#: new tokens per task: a 7-digit number is up to 8 tokens, a UUID up to ~25
-NEW_TOKENS = {"niah_single_1": 24, "niah_multikey_2": 24, "niah_multikey_3": 48}
+#: new tokens per task: a 7-digit number is up to 8 tokens, a UUID 34-38 (Gemma's and SmolLM2's tokenizers)
+NEW_TOKENS = {"niah_single_1": 24, "niah_multikey_2": 24, "niah_multikey_3": 64}
 
 
 def build_docs(tasks: Sequence[str], lengths: Sequence[int], samples: int, tokenizer: str,
@@ -32,9 +33,10 @@ def build_docs(tasks: Sequence[str], lengths: Sequence[int], samples: int, token
 
     RULER draws its samples from Python's global ``random``: it is seeded with ``seed`` before
     each task is built (as lm-eval's ``simple_evaluate`` seeds it with its ``random_seed`` before
-    building its tasks, so a one-task lm-eval run with that seed and these lengths sees these
-    samples; a task's samples do not depend on the other tasks listed, but do on the lengths:
-    RULER draws every length's samples in turn from that one stream), and restored afterwards."""
+    building its tasks, so a ONE-task lm-eval run with that seed and these lengths, sorted, sees these
+    samples (a run of several tasks draws them all from one stream, so its later tasks' samples
+    differ); a task's samples here do not depend on the other tasks listed, but do on the
+    lengths: RULER draws every length's samples in turn), and restored afterwards."""
     import random
 
     unknown = [t for t in tasks if t not in OFFLINE_TASKS]
