@@ -69,10 +69,11 @@ METHODS: Dict[str, tuple] = {
     "streamingllm": ("streamingllm", {"budget": "{budget}"}),
     "quest": ("quest", {"budget": "{budget}"}),
     "hybrid-exact": ("hybrid-exact", {"gpu_budget": 0.1}),
-    # defaults: 10% of the context on the gpu tier, the feedback scheduler owns the top-k ratio
+    # defaults: 10% of the context on the gpu tier, the feedback scheduler owns the top-k ratio and
+    # the three-way streamed fraction
     "hybridgen": ("hybridgen", {}),
-    # a fixed ~20% attended budget like the baselines: 10% gpu tier + top 10% of host tokens
-    "hybridgen-b20": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1}),
+    # a fixed ~20% attended budget like the baselines: 10% gpu tier + top 10% of host tokens, nothing streamed
+    "hybridgen-b20": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1, "three_way": False}),
 }
 DEFAULT_METHODS = list(METHODS)
 # ablations, run only when named in --methods
@@ -87,7 +88,8 @@ METHODS.update({
     "hybridgen-sketch-int8": ("hybridgen", {"key_sketch": "int8"}),
     "hybridgen-sketch-int4": ("hybridgen", {"key_sketch": "int4"}),
     "hybridgen-scan-exact": ("hybridgen", {"scan": "exact"}),  # the fp32 scan (default: bf16dot on bf16 keys)
-    "hybridgen-b20-scan-exact": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1, "scan": "exact"}),
+    "hybridgen-b20-scan-exact": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1, "three_way": False,
+                                               "scan": "exact"}),
 })
 
 

@@ -49,7 +49,8 @@ TABLE_METHODS = (("full", "full", {}), ("hybrid-exact", "hybrid-exact", {}), ("h
 E2E_ORDER = ("full", "hybrid-exact", "hybridgen", "flexgen", "infinigen", "h2o", "snapkv", "streamingllm", "quest")
 MODES = {"flexgen": (("flexgen-stream", {}), ("flexgen-cpu", {"attention_on": "cpu"}),
                      ("flexgen-int4", {"compress_kv": True})),
-         "hybridgen": (("hybridgen", {}), ("hybridgen-sketch", {"key_sketch": "int4"}))}
+         "hybridgen": (("hybridgen", {}), ("hybridgen-sketch", {"key_sketch": "int4"}),
+                       ("hybridgen-three-way", {"three_way": True}))}
 TOPK = 0.05
 LABEL = "PROJECTED (performance model, not measured)"
 
@@ -65,12 +66,13 @@ def scan_target_profile(prof: pm.HardwareProfile) -> pm.HardwareProfile:
 
 def table_method(name: str, share: float, pipelined: bool, **params: Any) -> KVMethod:
     """A registered method at the table's host share: gpu_budget = 1 - share when the method has
-    one, hybridgen at top-k TOPK with or without cross-layer pipelining."""
+    one, hybridgen at top-k TOPK with or without cross-layer pipelining, its plain split (every host
+    token scanned) unless ``params`` turn three-way on (its default: the scheduler's stream)."""
     known = method_parameters(name)
     if "gpu_budget" in known:
         params["gpu_budget"] = round(1.0 - share, 6)
     if name == "hybridgen":
-        params.update(topk_ratio=TOPK, pipeline=pipelined)
+        params = {"three_way": False, **params, "topk_ratio": TOPK, "pipeline": pipelined}
     return build_method(name, **params)
 
 

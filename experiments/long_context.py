@@ -70,7 +70,7 @@ def method_configs(specs: List[str], budgets: List[float]) -> List[Tuple[str, st
         keys = set(build_method(name).config())
         for b in budgets:
             if name == "hybridgen":
-                params = {"gpu_budget": b / 2, "topk_ratio": b / 2}
+                params = {"gpu_budget": b / 2, "topk_ratio": b / 2, "three_way": False}  # a fixed budget
             elif "budget" in keys:
                 params = {"budget": b}
             elif "gpu_budget" in keys:

@@ -150,7 +150,9 @@ def cells(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
                             "cost": b.get("cost"), "hybridgen_cost": (hg or {}).get("cost"),
                             "baseline_host_dram_bytes": b.get("host_dram_bytes"),
                             "baseline_host_cxl_bytes": b.get("host_cxl_bytes"), "params": b.get("params"),
-                            "hybridgen_params": (hg or {}).get("params")})
+                            "priced": b.get("priced"),
+                            "hybridgen_params": (hg or {}).get("params"),
+                            "hybridgen_priced": (hg or {}).get("priced")})
     return out
 
 

@@ -116,7 +116,8 @@ def point(m: Dict[str, Any], validation: Optional[Dict[str, Any]]) -> Dict[str, 
         fits = bool(p.get("fits_gpu")) if ok else False if p.get("status") == "does not fit" else None
         rec.update(label="projected", step_s=p.get("step_s") if ok else None, fits=fits, reason=p.get("reason"),
                    cost=p.get("perf_cost"), bound=_bound(p) if ok else None,
-                   error_pct=model_error(p.get("perf_cost"), validation), status=p.get("status"))
+                   error_pct=model_error(p.get("perf_cost"), validation), status=p.get("status"),
+                   priced=json.dumps(p.get("priced") or {}, sort_keys=True))
     else:
         device = (run.get("realized") or {}).get("device", "cpu-emulated")
         lat = m.get("latency") or {}

@@ -5,13 +5,15 @@ The regime table (results/paper_regime/table.csv) is PROJECTED on models that do
 (Llama-3.1-8B, Qwen2.5-14B, OPT at 8K-1M tokens). Accuracy is measured on the longest context a real
 model reaches on this machine (SmolLM2-135M at 8K, ``benchmarks/bench_baselines.py``: 128 decode
 steps teacher-forced with ``full``'s tokens; top-1 agreement and mean KL(full || method)), for each
-configuration the regime's cells use, at the knob values their speed was priced at
-(``priced_config``: HybridGen's scheduler-owned top-k at the ratio its cost assumes). A cell's
+configuration the regime's cells use, at the knob values their speed was priced at (the table's
+``priced`` / ``hybridgen_priced``, :meth:`hybridgen.methods.KVMethod.priced_knobs`: HybridGen's
+scheduler-owned top-k and streamed fraction where its model's scheduler settles). A cell's
 configuration is matched to a measured one by its ``output_config`` (:meth:`hybridgen.methods.KVMethod.output_config`: the parameters its tokens
 depend on, placement parameters left out and tested to change nothing), so H2O offloaded and H2O
 resident share one measurement; HybridGen's ``gpu_budget`` (a share of the context in the regime
-cell) is matched to the LARGEST measured share at or below it: the measurement is of a configuration
-with no more exact attention than the cell's (the conservative side).
+cell), streamed fraction and top-k ratio are matched to the largest measured values at or below the
+cell's (:data:`BELOW_PARAMS`): the measurement is of a configuration with no more exact attention
+than the cell's (the conservative side).
 
 Rows in: ``table.csv``'s dicts (placement, gpu, regime, baseline, run_preset, context, params,
 hybridgen_params, speedup). Measured rows: the bench's CSV (method label, params, top1_agreement,
@@ -24,12 +26,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hybridgen.errors import ConfigError
 from hybridgen_harness import regime as rg
 
-SPLIT_PARAM = "gpu_budget"  # matched at or below (a share of the context); every other parameter exactly
+# matched at or below the cell's value (gpu_budget as a share of the context); every other parameter exactly
+BELOW_PARAMS = ("gpu_budget", "stream_ratio", "topk_ratio")
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,11 @@ class Fidelity:
     mean_kl: float
     model: str
     context: int
+    scheduled: bool = False  # a knob moved with the measuring machine's timings: matches no cell
 
-    def split_share(self) -> Optional[float]:
-        value = dict(self.output_config).get(SPLIT_PARAM)
-        return None if value is None else _share(value, self.context)
+    def below_values(self) -> Dict[str, float]:
+        """The numeric :data:`BELOW_PARAMS` (gpu_budget as a share of the context)."""
+        return _below_values(dict(self.output_config), self.context)
 
 
 def registry_of(label: str) -> str:
@@ -66,14 +70,17 @@ def registry_of(label: str) -> str:
     return max(prefixes, key=len)
 
 
-def output_key(method: str, params: Mapping[str, Any], priced: bool = False) -> Tuple[Tuple[str, str], ...]:
-    """The output configuration of ``method`` built with ``params`` (``priced``: the one its projected
-    cost assumes, :meth:`~hybridgen.methods.KVMethod.priced_config`), as a sorted hashable tuple."""
+def output_key(method: str, params: Mapping[str, Any]) -> Tuple[Tuple[str, str], ...]:
+    """The output configuration of ``method`` built with ``params``, as a sorted hashable tuple."""
     from hybridgen.methods import build_method
 
-    m = build_method(method, **dict(params))
-    cfg = m.priced_config() if priced else m.output_config()
-    return tuple(sorted((k, str(v)) for k, v in cfg.items()))
+    return tuple(sorted((k, str(v)) for k, v in build_method(method, **dict(params)).output_config().items()))
+
+
+def _scheduled(method: str, params: Mapping[str, Any]) -> bool:
+    from hybridgen.methods import build_method
+
+    return bool(build_method(method, **dict(params)).scheduled_params())
 
 
 def _share(value: str, context: int) -> float:
@@ -89,28 +96,40 @@ def load_fidelity(path: Path) -> List[Fidelity]:
     out = []
     for r in rows:
         method = r.get("registry") or registry_of(r["method"])
-        out.append(Fidelity(r["method"], method, output_key(method, json.loads(r["params"])),
-                            float(r["top1_agreement"]), float(r["mean_kl"]), r["model"], int(r["context"])))
+        params = json.loads(r["params"])
+        out.append(Fidelity(r["method"], method, output_key(method, params), float(r["top1_agreement"]),
+                            float(r["mean_kl"]), r["model"], int(r["context"]), _scheduled(method, params)))
     return out
 
 
-def match(method: str, params: Mapping[str, Any], context: int, measured: Sequence[Fidelity]) -> Optional[Fidelity]:
+def _below_values(cfg: Mapping[str, str], context: int) -> Dict[str, float]:
+    out = {}
+    for k in BELOW_PARAMS:
+        try:
+            out[k] = _share(cfg[k], context) if k == "gpu_budget" else float(cfg[k])
+        except (KeyError, TypeError, ValueError):
+            continue  # absent, or None (e.g. no stream without three-way): compared exactly
+    return out
+
+
+def match(method: str, params: Mapping[str, Any], context: int, measured: Sequence[Fidelity],
+          priced: Optional[Mapping[str, Any]] = None) -> Optional[Fidelity]:
     """The measured configuration of ``method`` with ``params`` in a cell of ``context`` tokens (module doc):
-    the cell's PRICED configuration (a scheduler-owned knob at the value its speed was priced at) against
-    each measurement's output configuration, so a run whose knob moved with this machine's timings
-    matches no cell."""
-    key = dict(output_key(method, params, priced=True))
-    same = [m for m in measured if m.method == method and dict(m.output_config) == key]
+    the cell's PRICED configuration (``params`` with its scheduler-owned knobs at the values ``priced``
+    names) against each measurement's output configuration: the same one, else the largest measured
+    numeric :data:`BELOW_PARAMS` all at or below the cell's, every other parameter equal. A measurement
+    whose knobs moved with its machine's timings (``Fidelity.scheduled``) matches no cell."""
+    key = dict(output_key(method, {**params, **dict(priced or {})}))
+    pool = [m for m in measured if m.method == method and not m.scheduled]
+    same = [m for m in pool if dict(m.output_config) == key]
     if same:
         return same[0]
-    if SPLIT_PARAM not in key:
-        return None
-    want = _share(key[SPLIT_PARAM], context)
-    rest = {k: v for k, v in key.items() if k != SPLIT_PARAM}
-    below = [m for m in measured if m.method == method and m.split_share() is not None
-             and m.split_share() <= want + 1e-9
-             and {k: v for k, v in m.output_config if k != SPLIT_PARAM} == rest]
-    return max(below, key=lambda m: m.split_share()) if below else None
+    want = _below_values(key, context)
+    rest = {k: v for k, v in key.items() if k not in want}
+    below = [m for m in pool if set(m.below_values()) == set(want)
+             and all(m.below_values()[k] <= want[k] + 1e-9 for k in want)
+             and {k: v for k, v in m.output_config if k not in want} == rest]
+    return max(below, key=lambda m: tuple(m.below_values()[k] for k in BELOW_PARAMS if k in want)) if below else None
 
 
 @dataclass(frozen=True)
@@ -137,8 +156,10 @@ def accuracy_rows(rows: Sequence[Mapping[str, Any]], measured: Sequence[Fidelity
         base, hg = [], []
         for r in used:
             ctx = int(r["context"])
-            base.append(match(registry_of(r["run_preset"]), json.loads(r["params"]), ctx, measured))
-            hg.append(match("hybridgen", json.loads(r["hybridgen_params"]), ctx, measured))
+            base.append(match(registry_of(r["run_preset"]), json.loads(r["params"]), ctx, measured,
+                              json.loads(r.get("priced") or "{}")))
+            hg.append(match("hybridgen", json.loads(r["hybridgen_params"]), ctx, measured,
+                            json.loads(r.get("hybridgen_priced") or "{}")))
         out.append(AccuracyRow(v.placement, v.gpu, v.baseline, v.speedup, len(used), base, hg))
     return out
 

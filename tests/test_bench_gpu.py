@@ -38,7 +38,7 @@ def test_imports_no_harness_package():
 
 @pytest.mark.parametrize("name,reg", [("hybrid-exact", "hybrid-exact"), ("hybridgen", "hybridgen"),
                                       ("flexgen-stream", "flexgen"), ("flexgen-cpu", "flexgen"),
-                                      ("hybridgen-sketch", "hybridgen"), ("hybridgen-three-way", "hybridgen")])
+                                      ("hybridgen-sketch", "hybridgen"), ("hybridgen-plain", "hybridgen")])
 def test_methods_get_gpu_budget_one_minus_host_share(name, reg):
     m = make_method(name, 0.9, 0.05)
     assert m.name == reg and m.gpu_budget == Budget(ratio=0.1)
@@ -46,7 +46,7 @@ def test_methods_get_gpu_budget_one_minus_host_share(name, reg):
         assert m.attention_on == ("gpu" if name == "flexgen-stream" else "cpu")
     if reg == "hybridgen":
         assert m.topk_ratio == 0.05 and m.key_sketch == ("int4" if name == "hybridgen-sketch" else "none")
-        assert m.three_way == (name == "hybridgen-three-way") and m.stream_ratio is None  # the scheduler balances it
+        assert m.three_way == (name != "hybridgen-plain") and m.stream_ratio is None  # the scheduler balances it
     assert make_method("hybridgen", 0.9, None, {"min_stand_in_cos": -1.0}).min_stand_in_cos == -1.0
 
 
@@ -54,7 +54,7 @@ def test_grid_runs_the_target_first_and_full_once_per_context():
     cfg = BenchConfig.smoke()
     order = grid(cfg)
     assert order[:7] == [(512, 0.9, m) for m in ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch",
-                                                  "hybridgen-three-way", "flexgen-stream", "flexgen-cpu")]
+                                                  "hybridgen-plain", "flexgen-stream", "flexgen-cpu")]
     assert sorted(c for c, _, m in order if m == "full") == [256, 512]
     assert len(order) == len(set(order)) == 2 + 2 * 2 * 6
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import pytest
+
 from hybridgen import perf as pm
 from hybridgen.eval.projection import project
 from hybridgen.methods import KVMethod, build_method
@@ -25,12 +27,19 @@ def test_projection_prices_the_method_built_from_its_params():
 def test_scheduler_owned_topk_takes_the_traces_last_ratio():
     trace = {"scheduler": [{"knob": "topk_ratio", "new": 0.06}, {"knob": "gpu_window", "new": 99},
                            {"knob": "topk_ratio", "new": 0.2}]}
-    out = project("hybridgen", {"topk_ratio": None}, **RUN, trace=trace)
-    want = pm.predict_step(build_method("hybridgen", topk_ratio=0.2), LLAMA8B, W, "h200-host")
-    assert out["step_s"] == want.total_s
-    start = project("hybridgen", {}, **RUN)   # no trace: the scheduler's start ratio
-    assert start["step_s"] == pm.predict_step(build_method("hybridgen", topk_ratio=0.05), LLAMA8B, W,
-                                              "h200-host").total_s
+    out = project("hybridgen", {"topk_ratio": None, "three_way": False}, **RUN, trace=trace)
+    want = pm.predict_step(build_method("hybridgen", topk_ratio=0.2, three_way=False), LLAMA8B, W, "h200-host")
+    assert out["step_s"] == want.total_s and out["priced"] == {}
+    # the default's streamed fraction too, each knob at its last decision
+    trace["scheduler"].append({"knob": "stream_ratio", "new": 0.4})
+    out = project("hybridgen", {}, **RUN, trace=trace)
+    assert out["step_s"] == pm.predict_step(build_method("hybridgen", topk_ratio=0.2, stream_ratio=0.4), LLAMA8B, W,
+                                            "h200-host").total_s
+    settled = project("hybridgen", {}, **RUN)   # no trace: where the model's scheduler settles
+    knobs = settled["priced"]
+    assert set(knobs) == {"topk_ratio", "stream_ratio"}
+    assert settled["step_s"] == pytest.approx(pm.predict_step(build_method("hybridgen", **knobs), LLAMA8B, W,
+                                                              "h200-host").total_s)
 
 
 @dataclass

@@ -52,7 +52,10 @@ def test_engine_default_settings_generate(engine):
     assert res.tokens.shape == (2, 10)
     st = res.method_stats
     assert st["bytes_h2d"] > 0 and st["speculative_scans"] > 0 and st["cpu_branch_s"] > 0
-    assert len(st["trace"]["scheduler"]) == 2  # decisions at steps 4 and 8 (9 decode steps)
+    trace = st["trace"]["scheduler"]
+    assert {d["step"] for d in trace} == {4, 8}  # decisions every 4 steps (9 decode steps)
+    # the default's scheduler owns the top-k ratio and the three-way streamed fraction
+    assert {d["knob"] for d in trace} == {"topk_ratio", "stream_ratio"} and st["streamed_tokens"] > 0
     assert 0 < st["stand_in_cos_mean"] <= 1.0
 
 

@@ -59,7 +59,7 @@ def test_ledger_peak_equals_the_footprint(tiny, share, name, params):
         placed = place(name, G, shape, params)
     except ConfigError as err:  # three-way's stream slots (both, at their largest) do not fit at all
         smallest = build_method(name, **params, gpu_budget=0.0).footprint(shape)
-        assert params.get("three_way") and not smallest.fits(G) and "\n" not in str(err)
+        assert build_method(name, **params).three_way and not smallest.fits(G) and "\n" not in str(err)
         return
     m = build_method(name, **placed)
     fp = m.footprint(shape)
@@ -76,7 +76,7 @@ def test_ledger_peak_equals_the_footprint(tiny, share, name, params):
 def test_placement_takes_the_largest_share_that_fits(tiny):
     """One byte less than the footprint of the placed share moves the share down."""
     shape = _shape(tiny)
-    for m in (HybridGen(topk_ratio=0.1), HybridExact()):
+    for m in (HybridGen(topk_ratio=0.1, three_way=False), HybridExact()):
         G = int(shape.full_bytes * 0.3)
         got = m.placement_for(G, shape)
         placed = dataclasses.replace(m, **got)
@@ -91,7 +91,7 @@ def test_placement_takes_the_largest_share_that_fits(tiny):
 
 def test_footprint_counts_the_spare_slot_the_split_and_the_stream():
     shape = KVShape(2, 2, 8, 2, 1, 100, 10)
-    base = HybridGen(gpu_budget=Budget(tokens=20), sinks=4)
+    base = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, three_way=False)
     assert base.footprint(shape).gpu_tokens == window_capacity(20, 4, False) == 21
     assert base.footprint(shape).gpu_bytes == shape.kv_bytes(21)
     split = dataclasses.replace(base, adapt_split=True)
@@ -99,6 +99,9 @@ def test_footprint_counts_the_spare_slot_the_split_and_the_stream():
     three = dataclasses.replace(base, three_way=True, stream_ratio=0.5)
     host = 100 - 20
     assert three.footprint(shape).gpu_bytes == shape.kv_bytes(21) + 2 * shape.kv_bytes(host // 2, layers=1)
+    # the default streams a scheduler-owned share: its two slots at the scheduler's bound, 0.9
+    default = HybridGen(gpu_budget=Budget(tokens=20), sinks=4)
+    assert default.footprint(shape).gpu_bytes == shape.kv_bytes(21) + 2 * shape.kv_bytes(int(0.9 * host), layers=1)
     sketch = dataclasses.replace(base, key_sketch="int4", mapping="dram")
     assert sketch.footprint(shape).tier_bytes["dram"] > base.footprint(shape).host_bytes
 
@@ -124,3 +127,25 @@ def test_a_budget_below_the_smallest_footprint_is_refused(tiny):
     with pytest.raises(ConfigError, match="memory.gpu_kv gives") as err:
         HybridGen().placement_for(shape.kv_bytes(1) - 1, shape)  # not even the spare slot per layer
     assert "\n" not in str(err.value)
+
+
+def test_placement_turns_the_scheduled_stream_off_where_its_slots_do_not_fit():
+    """The default's three-way slots (two, at the scheduler's bound) do not fit a budget its plain split
+    fits: the placement runs it without the stream; a stream asked for explicitly is refused instead."""
+    shape = KVShape(32, 8, 128, 2, 4, 32768, 128)
+    plain = HybridGen(three_way=False)
+    smallest_plain = dataclasses.replace(plain, gpu_budget=Budget(tokens=0)).footprint(shape).gpu_bytes
+    smallest_default = HybridGen(gpu_budget=Budget(tokens=0)).footprint(shape).gpu_bytes
+    G = (smallest_plain + smallest_default) // 2
+    got = HybridGen().placement_for(G, shape)
+    assert got["three_way"] is False
+    placed = dataclasses.replace(HybridGen(), **got)
+    assert placed.footprint(shape).fits(G) and got == {**plain.placement_for(G, shape), "three_way": False}
+    # with room for the slots the stream stays (and the share is what the slots leave)
+    roomy = HybridGen().placement_for(4 * smallest_default, shape)
+    assert "three_way" not in roomy
+    with pytest.raises(ConfigError, match="three_way=True") as err:
+        place("hybridgen", G, shape, {"three_way": True})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="its smallest gpu share"):
+        place("hybridgen", G, shape, {"stream_ratio": 0.9})  # a pinned stream is never turned off

@@ -1,5 +1,6 @@
 """`hybridgen` at the method level: top-k 1.0 equals `full`; a partial selection equals a
 dense softmax over exactly the selected set; knobs, split moves, three-way and stats."""
+import math
 import random
 
 import pytest
@@ -78,7 +79,7 @@ def test_partial_selection_equals_dense_softmax_over_selected_set(seed, per_head
     G = Hq // Hkv
     valid = left_padding(gen, B, T) if seed % 2 else None
     checked = []
-    m2 = HybridGen(gpu_budget=Budget(tokens=10), sinks=2, topk_ratio=0.2, per_head=per_head, min_topk=0)
+    m2 = HybridGen(three_way=False, gpu_budget=Budget(tokens=10), sinks=2, topk_ratio=0.2, per_head=per_head, min_topk=0)
     ctx = _ctx(shape, 3, torch.float32)
     m2.bind(ctx)
     g = torch.Generator().manual_seed(seed)
@@ -126,14 +127,14 @@ def test_partial_selection_equals_dense_softmax_over_selected_set(seed, per_head
 
 def test_selection_size_follows_ratio_and_min_topk():
     shape = (1, 4, 2, 8, 200)
-    m = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, min_topk=0)
+    m = HybridGen(three_way=False, gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, min_topk=0)
     _run(m, shape, torch.float32, 0, 1)
     off, idx = m.last_selection[0]
     assert off == 0 and idx.shape == (1, 2, 18)  # ceil(0.1 * 180)
-    m = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.01, min_topk=16)
+    m = HybridGen(three_way=False, gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.01, min_topk=16)
     _run(m, shape, torch.float32, 0, 1)
     assert m.last_selection[0][1].shape[-1] == 16
-    m = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, per_head=True, min_topk=0)
+    m = HybridGen(three_way=False, gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, per_head=True, min_topk=0)
     _run(m, shape, torch.float32, 0, 1)
     assert m.last_selection[0][1].shape == (1, 4, 18)
 
@@ -141,7 +142,7 @@ def test_selection_size_follows_ratio_and_min_topk():
 def test_bytes_h2d_counts_logits_and_rows():
     shape = (2, 8, 2, 16, 120)
     B, Hq, Hkv, D, T = shape
-    m = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, min_topk=0)
+    m = HybridGen(three_way=False, gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, min_topk=0)
     _run(m, shape, torch.float32, 0, 1)
     k = 10  # ceil(0.1 * 100)
     per_layer = B * Hq * k * 4 + B * Hkv * k * D * 4  # fp32 logits + V rows
@@ -151,14 +152,14 @@ def test_bytes_h2d_counts_logits_and_rows():
 
 def test_scheduler_moves_ratio_and_trace_is_exposed():
     shape = (1, 4, 2, 8, 64)
-    m = HybridGen(gpu_budget=Budget(tokens=8), sched_interval=2)
+    m = HybridGen(three_way=False, gpu_budget=Budget(tokens=8), sched_interval=2)
     _run(m, shape, torch.float32, 0, 6)
     trace = m.stats["trace"]["scheduler"]
     assert len(trace) == 3  # one decision every 2 steps, one unit ('all')
     for d in trace:
         assert d["knob"] == "topk_ratio" and d["layer"] == "all"
         assert 0.01 <= d["new"] <= 0.5 and d["new"] != d["old"]
-    m = HybridGen(gpu_budget=Budget(tokens=8), topk_ratio=0.3, sched_interval=2)
+    m = HybridGen(three_way=False, gpu_budget=Budget(tokens=8), topk_ratio=0.3, sched_interval=2)
     _run(m, shape, torch.float32, 0, 6)
     assert m.stats["trace"]["scheduler"] == []  # a pinned ratio is not scheduled
 
@@ -185,7 +186,7 @@ def test_split_moves_keep_topk_one_exact(new_windows):
 
 def test_scan_window_limits_the_scan():
     shape = (1, 4, 2, 8, 300)
-    m = HybridGen(gpu_budget=Budget(tokens=10), sinks=2, topk_ratio=0.5, min_topk=0)
+    m = HybridGen(three_way=False, gpu_budget=Budget(tokens=10), sinks=2, topk_ratio=0.5, min_topk=0)
     _run(m, shape, torch.float32, 0, 1)
     m.scheduler.knobs["all"].window = 40
     before = m.stats["host_tokens_scanned"]
@@ -196,6 +197,20 @@ def test_scan_window_limits_the_scan():
     host_len = m.host[0].length - 1  # the decode placed one more token
     assert off == host_len - 40 and idx.shape[-1] == 20 and int(idx.max()) < 40
     assert m.stats["host_tokens_scanned"] > before
+
+
+def test_three_way_selects_a_share_of_every_host_token_beside_the_streamed_ones():
+    """The top-k counts the streamed tokens too: streaming adds exact tokens to what the plain split
+    attends and never shrinks its selection."""
+    shape = (1, 4, 2, 8, 300)
+    m = HybridGen(gpu_budget=Budget(tokens=10), sinks=2, topk_ratio=0.1, min_topk=0, three_way=True,
+                  stream_ratio=0.3)
+    _run(m, shape, torch.float32, 0, 2)
+    n = m.host[0].length - 1  # host tokens when the last step scanned (it placed one more)
+    n_stream = int(math.floor(0.3 * n))
+    off, idx = m.last_selection[0]
+    assert off == n_stream and int(idx.max()) < n - n_stream
+    assert idx.shape[-1] == math.ceil(0.1 * n)  # not ceil(0.1 * (n - n_stream))
 
 
 def test_three_way_topk_one_equals_full_and_counts_streamed_bytes():

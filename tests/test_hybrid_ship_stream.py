@@ -67,7 +67,7 @@ def test_ship_bytes_per_step_both_modes():
     k = 10  # ceil(0.1 * (120 - 20))
     per_layer = {"logits": B * Hq * k * 4 + B * Hkv * k * D * 4, "partial": B * Hq * D * 4 + B * Hq * 4}
     for ship, nbytes in per_layer.items():
-        m = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, min_topk=0, ship=ship)
+        m = HybridGen(three_way=False, gpu_budget=Budget(tokens=20), sinks=4, topk_ratio=0.1, min_topk=0, ship=ship)
         _outs(m, shape, 1, 0)
         assert m.stats["decode_steps"] == 1
         assert m.ship_bytes_per_step() == 2 * nbytes  # two layers
@@ -163,7 +163,7 @@ def engine(tmp_path_factory):
 def test_engine_pipelined_partial_equals_logits_and_three_way_equals_full(engine):
     ids, mask = prompt()
     ref = engine.generate(ids, "full", max_new_tokens=8, attention_mask=mask, return_logits=True)
-    kw = dict(gpu_budget=Budget(ratio=0.2), topk_ratio=0.1, min_topk=0, min_stand_in_cos=0.0)
+    kw = dict(gpu_budget=Budget(ratio=0.2), topk_ratio=0.1, three_way=False, min_topk=0, min_stand_in_cos=0.0)
     a = teacher_forced_logits(engine, HybridGen(ship="logits", **kw), ids, mask, ref.tokens)
     mb = HybridGen(ship="partial", **kw)
     b = teacher_forced_logits(engine, mb, ids, mask, ref.tokens)

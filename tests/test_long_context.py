@@ -19,7 +19,7 @@ def test_methods_at_a_budget():
     got = {label: (name, params) for label, name, params in
            lc.method_configs(["full", "hybridgen", "h2o", "flexgen"], [0.2, 0.05])}
     assert got["full"] == ("full", {})
-    assert got["hybridgen@0.2"] == ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1})
+    assert got["hybridgen@0.2"] == ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1, "three_way": False})
     assert got["h2o@0.05"] == ("h2o", {"budget": 0.05})
     assert got["flexgen@0.2"] == ("flexgen", {"gpu_budget": 0.2})
     assert len(got) == 7

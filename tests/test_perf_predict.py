@@ -19,7 +19,7 @@ LLAMA8B = pm.ModelShape(name="llama-3.1-8b-shape", num_layers=32, hidden_size=40
 VARIANTS = {
     "full": ("full", {}),
     "hybrid-exact": ("hybrid-exact", {"gpu_budget": 0.1}),
-    "hybridgen": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.05}),
+    "hybridgen": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.05, "three_way": False}),  # the plain split
     "flexgen-stream": ("flexgen", {"gpu_budget": 0.1}),
     "flexgen-cpu": ("flexgen", {"gpu_budget": 0.1, "attention_on": "cpu"}),
     "flexgen-int4": ("flexgen", {"gpu_budget": 0.1, "compress_kv": True}),
@@ -69,8 +69,10 @@ def test_a_method_name_is_built_with_its_defaults():
     by_name = pm.predict_step("hybridgen", LLAMA8B, pm.Workload(), "h200-host")
     built = pm.predict_step(build_method("hybridgen"), LLAMA8B, pm.Workload(), "h200-host")
     assert by_name == built
-    # the scheduler owns topk_ratio (None): priced at the scheduler's start ratio, 0.05
-    assert by_name == pm.predict_step(hybridgen(topk_ratio=0.05), LLAMA8B, pm.Workload(), "h200-host")
+    # the scheduler owns topk_ratio and the streamed fraction (None): priced where it settles
+    bd = by_name.breakdown
+    pinned = hybridgen(topk_ratio=bd["topk_ratio"], three_way=True, stream_ratio=bd["stream_ratio"])
+    assert pm.predict_step(pinned, LLAMA8B, pm.Workload(), "h200-host").total_s == pytest.approx(by_name.total_s)
 
 
 def test_split_resolves_ratio_and_token_budgets():

@@ -40,7 +40,7 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
     rows = res["rows"]
     assert {r["source"] for r in rows} == {"this-machine"}
     assert {r["method"] for r in rows if r["dtype"] == "fp32"} == {
-        "full", "hybrid-exact", "hybridgen", "hybridgen-sketch-int4", "flexgen-stream", "flexgen-cpu", "flexgen-int4",
+        "full", "hybrid-exact", "hybridgen", "hybridgen-sketch-int4", "hybridgen-three-way", "flexgen-stream", "flexgen-cpu", "flexgen-int4",
         "infinigen", "snapkv", "snapkv-offload-stream", "quest", "quest-offload-stream", "streamingllm",
         "streamingllm-offload-stream"}
     # bf16 KV: the default bf16-dot (fused) branch, timed only there, beside full and the exact scan

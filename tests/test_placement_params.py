@@ -11,7 +11,7 @@ from hybridgen.methods import available_methods, build_method, method_class
 from hybridgen.model import load_model
 from hybridgen.model.shared_prefill import record_prefill
 
-BASE = {"hybridgen": {"topk_ratio": 0.2}}  # the scheduler's default top-k follows measured times
+BASE = {"hybridgen": {"topk_ratio": 0.2, "stream_ratio": 0.3}}  # the scheduler's knobs follow measured times
 OTHER_VALUES = {"gpu_budget": ["0.5", "0.0"], "branch_pieces": [2]}
 
 

@@ -47,10 +47,11 @@ def test_a_cell_matches_the_measurement_of_its_output_configuration(tmp_path):
         ("h2o", "h2o", {}, 0.97, 0.004),
         ("h2o:budget=0.1", "h2o", {"budget": "0.1"}, 0.90, 0.05),
         ("flexgen-int4", "flexgen", {"compress_kv": True, "compress_gpu_kv": True, "gpu_budget": "0.5"}, 0.92, 0.09),
-        ("hybridgen:gpu_budget=0.01", "hybridgen", {"gpu_budget": "0.01", "topk_ratio": 0.05}, 0.98, 0.003),
-        ("hybridgen:gpu_budget=0.07", "hybridgen", {"gpu_budget": "0.07", "topk_ratio": 0.05}, 0.99, 0.002),
-        ("hybridgen:gpu_budget=0.16", "hybridgen", {"gpu_budget": "0.16", "topk_ratio": 0.05}, 1.0, 0.001),
-        # the scheduler moved the top-k with this machine's timings: not what any cell was priced at
+        ("hybridgen:a", "hybridgen", {"gpu_budget": "0.01", "topk_ratio": 0.01, "stream_ratio": 0.3}, 0.98, 0.003),
+        ("hybridgen:b", "hybridgen", {"gpu_budget": "0.07", "topk_ratio": 0.01, "stream_ratio": 0.3}, 0.99, 0.002),
+        ("hybridgen:c", "hybridgen", {"gpu_budget": "0.07", "topk_ratio": 0.01, "stream_ratio": 0.5}, 0.995, 0.0015),
+        ("hybridgen:d", "hybridgen", {"gpu_budget": "0.16", "topk_ratio": 0.01, "stream_ratio": 0.3}, 1.0, 0.001),
+        # the scheduler moved its knobs with this machine's timings: not what any cell was priced at
         ("hybridgen:gpu_budget=0.5", "hybridgen", {"gpu_budget": "0.5"}, 0.5, 0.5),
     ])
     # offloaded H2O is H2O: placement parameters are not part of the match
@@ -62,13 +63,20 @@ def test_a_cell_matches_the_measurement_of_its_output_configuration(tmp_path):
                     measured).top1 == 0.92
     # ... but INT4 on the host only depends on the split: not matched to the both-parts measurement
     assert ra.match("flexgen", {"compress_kv": True, "gpu_budget": "26068t"}, CTX, measured) is None
-    # HybridGen's GPU share: the largest measured share at or below the cell's (9222 / 131072 = 0.0704)
-    assert ra.match("hybridgen", {"gpu_budget": "9222t"}, CTX, measured).label == "hybridgen:gpu_budget=0.07"
-    assert ra.match("hybridgen", {"gpu_budget": "0.5"}, CTX, measured).label == "hybridgen:gpu_budget=0.16"
-    assert ra.match("hybridgen", {"gpu_budget": "0.0"}, CTX, measured) is None
-    # any other HybridGen parameter must agree exactly; the default's top-k is the ratio its cost prices
-    assert ra.match("hybridgen", {"gpu_budget": "0.5", "topk_ratio": 0.1}, CTX, measured) is None
-    assert ra.match("hybridgen", {"gpu_budget": "0.5", "topk_ratio": 0.05}, CTX, measured).top1 == 1.0
+    # HybridGen: its GPU share, streamed fraction and top-k at the values its speed was priced at, each
+    # matched to the largest measured value at or below the cell's (9222 / 131072 = 0.0704)
+    priced = {"topk_ratio": 0.01, "stream_ratio": 0.42}
+    assert ra.match("hybridgen", {"gpu_budget": "9222t"}, CTX, measured, priced).label == "hybridgen:b"
+    assert ra.match("hybridgen", {"gpu_budget": "9222t"}, CTX, measured,
+                    {**priced, "stream_ratio": 0.6}).label == "hybridgen:c"
+    assert ra.match("hybridgen", {"gpu_budget": "0.5"}, CTX, measured, priced).label == "hybridgen:d"
+    assert ra.match("hybridgen", {"gpu_budget": "0.0"}, CTX, measured, priced) is None
+    assert ra.match("hybridgen", {"gpu_budget": "9222t"}, CTX, measured, {**priced, "stream_ratio": 0.2}) is None
+    assert ra.match("hybridgen", {"gpu_budget": "9222t"}, CTX, measured, {**priced, "topk_ratio": 0.005}) is None
+    # without the priced knobs the scheduler owns them: nothing measured matches
+    assert ra.match("hybridgen", {"gpu_budget": "0.5"}, CTX, measured) is None
+    # any other HybridGen parameter must agree exactly (nothing streamed is another configuration)
+    assert ra.match("hybridgen", {"gpu_budget": "0.5", "three_way": False}, CTX, measured, priced) is None
 
 
 def test_the_accuracy_table_covers_every_in_regime_group_and_says_what_is_not_measured(tmp_path):
@@ -91,17 +99,22 @@ def test_the_readme_accuracy_block_is_what_the_generator_prints_from_the_committ
     assert block in (COMMITTED / "README.md").read_text()
 
 
-def test_hybridgen_is_priced_at_the_configuration_priced_config_names():
+def test_hybridgen_is_priced_at_the_knobs_priced_knobs_names():
     """The accuracy joined to a projected speed is measured at the configuration that speed priced."""
     from hybridgen.perf import Workload, predict_step
 
     default = build_method("hybridgen")
-    priced = default.priced_config()
-    assert priced["topk_ratio"] != default.output_config()["topk_ratio"]  # None: the scheduler's, at run time
-    pinned = build_method("hybridgen", **{k: v for k, v in default.config().items() if k != "topk_ratio"},
-                          topk_ratio=priced["topk_ratio"])
     w = Workload(batch=4, context=131072)
-    a, b = predict_step(default, "llama-3.1-8b", w, "h200-host"), predict_step(pinned, "llama-3.1-8b", w, "h200-host")
-    assert a.total_s == b.total_s and a.breakdown == b.breakdown
-    assert pinned.priced_config() == priced
-    assert build_method("h2o").priced_config() == build_method("h2o").output_config()
+    a = predict_step(default, "llama-3.1-8b", w, "h200-host")
+    knobs = default.priced_knobs(a.breakdown)
+    assert set(knobs) == {"topk_ratio", "stream_ratio"}  # both scheduler-owned by default
+    pinned = build_method("hybridgen", **{**default.config(), **knobs})
+    b = predict_step(pinned, "llama-3.1-8b", w, "h200-host")
+    assert a.total_s == pytest.approx(b.total_s, rel=1e-12)
+    # the same times; the default holds its stream slots at the scheduler's largest fraction, the pinned one at f
+    same = {k: v for k, v in a.breakdown.items() if k != "gpu_resident_bytes"}
+    assert same == pytest.approx({k: b.breakdown[k] for k in same}, rel=1e-12)
+    assert a.breakdown["gpu_resident_bytes"] > b.breakdown["gpu_resident_bytes"]
+    assert pinned.priced_knobs(b.breakdown) == {}
+    assert build_method("hybridgen", three_way=False).priced_knobs(a.breakdown) == {"topk_ratio": knobs["topk_ratio"]}
+    assert build_method("h2o").priced_knobs(a.breakdown) == {}

@@ -7,8 +7,8 @@ from hybridgen.methods import available_methods, build_method
 from hybridgen.model import load_model
 from hybridgen.model.shared_prefill import record_prefill
 
-# the scheduler's default top-k follows measured branch times: fixed here so two runs are comparable
-DETERMINISTIC = {"hybridgen": {"topk_ratio": 0.2}}
+# the scheduler's default top-k and streamed fraction follow measured branch times: fixed here so two runs are comparable
+DETERMINISTIC = {"hybridgen": {"topk_ratio": 0.2, "stream_ratio": 0.3}}
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,12 @@ import torch
 
 from hybridgen.methods import KVMethod, build_method, method_parameters
 
-METHODS = ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch", "hybridgen-three-way", "flexgen-stream",
+METHODS = ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch", "hybridgen-plain", "flexgen-stream",
            "flexgen-cpu")
-# run at the configured top-k (and, end to end, with cfg.e2e_hybridgen): HybridGen and its three-way
-# variant (the oldest host slice streamed over PCIe, the scheduler balancing it: issue 22, item 4)
-AT_TOPK = ("hybridgen", "hybridgen-three-way")
+# run at the configured top-k (and, end to end, with cfg.e2e_hybridgen): HybridGen (by default the
+# oldest host slice streamed over PCIe, the scheduler balancing it: issue 22, item 4) and its plain
+# split (nothing streamed)
+AT_TOPK = ("hybridgen", "hybridgen-plain")
 HOST_METHODS = METHODS[1:]
 Emit = Callable[[Dict[str, Any]], None]
 
@@ -138,14 +139,14 @@ def method_params(name: str, share: float, topk_ratio: Optional[float]) -> Tuple
         return "full", {}
     if name == "hybrid-exact":
         return "hybrid-exact", {"gpu_budget": gpu_budget}
-    if name in ("hybridgen", "hybridgen-sketch", "hybridgen-three-way"):  # -sketch: the int4 key sketch
+    if name in ("hybridgen", "hybridgen-sketch", "hybridgen-plain"):  # -sketch: the int4 key sketch
         params: Dict[str, Any] = {"gpu_budget": gpu_budget}
         if topk_ratio is not None:
             params["topk_ratio"] = topk_ratio
         if name == "hybridgen-sketch":
             params["key_sketch"] = "int4"
-        if name == "hybridgen-three-way":
-            params["three_way"] = True
+        if name == "hybridgen-plain":
+            params["three_way"] = False
         return "hybridgen", params
     if name in ("flexgen-stream", "flexgen-cpu"):
         return "flexgen", {"gpu_budget": gpu_budget, "attention_on": "gpu" if name == "flexgen-stream" else "cpu"}

@@ -3,8 +3,9 @@
 The run's method is built once from (name, params) with ``build_method`` (or passed built)
 and prices itself (``method.layer_cost``): the GPU share is its ``gpu_budget``, the kept or
 fetched share its ``budget`` (a token budget is divided by the context), and so on. hybridgen's
-top-k ratio is the fixed ``topk_ratio`` or, when the scheduler owns it (None), the last ratio
-of the run's scheduler trace (the scheduler's start ratio without one). A method without a
+top-k ratio and three-way fraction are the fixed ones or, when the scheduler owns them (None), their
+last values in the run's scheduler trace (without one, where the model's scheduler settles);
+``priced`` records every run-time knob at the value priced (:meth:`~hybridgen.methods.KVMethod.priced_knobs`). A method without a
 cost gives ``{"projected": True, "status": "not modelled", ...}`` instead of raising, so a
 sweep never aborts.
 
@@ -22,23 +23,24 @@ DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 NUMBERS = ("step_s", "decode_tokens_per_s", "cpu_branch_s", "gpu_branch_s", "transfer_s", "fits_gpu")
 
 
-def _scheduled_ratio(trace: Optional[Mapping[str, Any]]) -> Optional[float]:
-    """The last top-k ratio the scheduler chose in a run's trace (None without decisions)."""
-    decisions = [d for d in (trace or {}).get("scheduler", []) if d.get("knob") == "topk_ratio"]
-    return float(decisions[-1]["new"]) if decisions else None
+def _scheduled_knobs(trace: Optional[Mapping[str, Any]], knobs: Any) -> Dict[str, float]:
+    """The last value the scheduler chose for each of ``knobs`` in a run's trace (absent: no decision)."""
+    out: Dict[str, float] = {}
+    for d in (trace or {}).get("scheduler", []):
+        if d.get("knob") in knobs:
+            out[d["knob"]] = float(d["new"])
+    return out
 
 
 def run_method(method: Union[str, Any], params: Optional[Mapping[str, Any]] = None,
                trace: Optional[Mapping[str, Any]] = None) -> Any:
-    """The method instance to price: built from (name, params), or the instance given; a
-    hybridgen whose scheduler owns the top-k ratio gets the trace's last ratio."""
+    """The method instance to price: built from (name, params), or the instance given; a knob the
+    run's scheduler owned (:meth:`~hybridgen.methods.KVMethod.scheduled_params`) at the trace's last value."""
     from hybridgen.methods import build_method
 
     m = build_method(method, **dict(params or {})) if isinstance(method, str) else method
-    ratio = _scheduled_ratio(trace)
-    if m.name == "hybridgen" and getattr(m, "topk_ratio", 0) is None and ratio is not None:
-        m = dataclasses.replace(m, topk_ratio=ratio)
-    return m
+    last = _scheduled_knobs(trace, m.scheduled_params())
+    return dataclasses.replace(m, **last) if last else m
 
 
 def project(method: Union[str, Any], params: Optional[Mapping[str, Any]], spec, batch: int, prompt_len: int,
@@ -61,4 +63,5 @@ def project(method: Union[str, Any], params: Optional[Mapping[str, Any]], spec, 
     return {"projected": True, "status": "ok", "profile": p.profile, "method": p.method, "perf_cost": p.cost,
             "workload": kw, "step_s": p.total_s, "decode_tokens_per_s": p.tokens_per_s(int(batch)),
             "cpu_branch_s": p.cpu_branch_s, "gpu_branch_s": p.gpu_branch_s, "transfer_s": p.transfer_s,
-            "fits_gpu": p.fits_gpu, "fits_host": p.fits_host, "host_bytes": dict(p.host_bytes)}
+            "fits_gpu": p.fits_gpu, "fits_host": p.fits_host, "host_bytes": dict(p.host_bytes),
+            "priced": m.priced_knobs(p.breakdown)}

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from hybridgen.hybrid.memory import hybridgen_footprint
 from hybridgen.methods.footprint import with_memory
-from hybridgen.hybrid.scheduler import SchedulerConfig
+from hybridgen.hybrid.scheduler import FeedbackScheduler, SchedulerConfig
 from hybridgen.perf.context import CostContext, LayerCost, Placement
 from hybridgen.perf.costs import full_cost
 
@@ -183,7 +183,7 @@ def _full_path(c: CostContext, label: str) -> LayerCost:
 
 
 def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, ship: str = "logits",
-                           three_way: bool = False, stream_ratio: Optional[float] = None,
+                           three_way: bool = False, stream_ratio: float = 0.0,
                            **hybridgen_kw: Any) -> LayerCost:
     """HybridGen's options on top of :func:`hybridgen_cost` (``hybridgen_kw`` pass through).
 
@@ -192,11 +192,11 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     host's read rate, after the wait when pipelined) and the GPU's after-wait work loses the
     k selected rows (one entry per head instead).
     three_way: the oldest f of the host tokens are copied over PCIe a layer ahead (pinned,
-    B*f*S_h*kv_tok bytes, keys and values each at min(link, their tier's read rate)) and attended on the GPU; the CPU branch's token-proportional part
-    shrinks by (1 - f) (fixed ops stay); layer = max(CPU branch, GPU path + streamed
-    attention, copy). stream_ratio None: the f in [0, 0.9] (step 0.01) that minimises the
-    layer, which is where the scheduler's rule (CPU branch = copy) settles when those two
-    dominate.
+    B*f*S_h*kv_tok bytes, keys and values each at min(link, their tier's read rate)) and attended on the GPU; the CPU branch's scan and
+    selection shrink by (1 - f) (the k selected rows, a share of every host token, and the fixed ops
+    stay); layer = max(CPU branch, GPU path + streamed
+    attention, copy), f = ``stream_ratio`` (a scheduler-owned f is priced where the scheduler
+    settles: :func:`settled_knobs`).
     """
     base = hybridgen_cost(c, gpu_budget, topk_ratio, **hybridgen_kw)
     per_head = bool(hybridgen_kw.get("per_head", False))
@@ -221,54 +221,88 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     S_g, S_h = c.split(gpu_budget)
     tiers = c.tiers(hybridgen_kw.get("mapping", "semantic"))
 
-    def compose(f: float) -> Tuple[float, float, float, float]:
-        fixed = min(bd.get("fixed_s", 0.0), cpu)
-        cpu_f = fixed + (1.0 - f) * (cpu - fixed)
-        n = f * S_h
-        copy_f = c.host_copy(c.B * n * c.kv_tok, tiers) if n else 0.0  # keys and values from their tiers
-        gpu_f = gpu + (c.gpu_keys(n) + c.gpu_values(n) if n else 0.0)
-        if pipelined and not c.emulated:
-            layer = max(cpu_f, gpu_f, copy_f)
-        else:
-            layer = max(cpu_f - exact, gpu_f - c.rest, copy_f) + c.rest + exact
-        return layer, cpu_f, gpu_f, copy_f
-
-    if three_way:
-        grid = [stream_ratio] if stream_ratio is not None else [i / 100 for i in range(91)]
-        f = min(grid, key=lambda x: compose(x)[0])
-    else:
-        f = 0.0
-    layer, cpu_f, gpu_f, copy_f = compose(f)
+    f = float(stream_ratio) if three_way else 0.0
+    n = f * S_h
+    # the scan and selection shrink by (1 - f); k (a share of every host token) and the fixed ops do not
+    cpu_f = cpu - f * (bd.get("scan_s", 0.0) + bd.get("group_score_s", 0.0) + bd.get("topk_s", 0.0))
+    copy_f = c.host_copy(c.B * n * c.kv_tok, tiers) if n else 0.0  # keys and values from their tiers
+    gpu_f = gpu + (c.gpu_keys(n) + c.gpu_values(n) if n else 0.0)
+    if pipelined and not c.emulated:
+        layer = max(cpu_f, gpu_f, copy_f)
+    else:  # concurrent branches, added where the 'gpu' is the host's own cores (CostContext.overlap)
+        layer = c.overlap(c.overlap(cpu_f - exact, gpu_f - c.rest), copy_f) + c.rest + exact
     bd.update(stream_ratio=f, streamed_tokens=f * S_h, stream_copy_s=copy_f,
               stream_bytes=c.B * f * S_h * c.kv_tok)
     label = "hybridgen" + ("-partial" if ship == "partial" else "") + ("-three-way" if three_way else "")
-    return LayerCost(attn=max(cpu_f, gpu_f - c.rest, copy_f), layer=layer, cpu=cpu_f, gpu=gpu_f,
+    return LayerCost(attn=c.overlap(c.overlap(cpu_f, gpu_f - c.rest), copy_f), layer=layer, cpu=cpu_f, gpu=gpu_f,
                      transfer=xfer + copy_f, gpu_tokens=base.gpu_tokens,
                      staging_tokens=base.staging_tokens + (2 * f * S_h if three_way else 0.0),
                      breakdown=bd, label=label)
 
 
-def priced_topk_ratio(m: Any) -> float:
-    """The top-k ratio the cost prices: the pinned one, or the feedback scheduler's start ratio."""
-    return m.topk_ratio if m.topk_ratio is not None else SchedulerConfig().start_ratio
+# decisions of the feedback rule the model simulates (a decision per step): from the start
+# ratio 0.05 the ratio reaches its floor 0.01 in 8 and its cap 0.5 in 13, and the streamed
+# fraction (damping 0.5) is within 1e-6 of its target after 20
+SETTLE_DECISIONS = 48
+# the ratio oscillates x1.2 / x0.8 around the balance: its geometric mean over the last decisions
+SETTLE_TAIL = 8
+
+
+def settled_knobs(m: Any, price: Callable[[float, Optional[float]], LayerCost]) -> Tuple[float, Optional[float]]:
+    """The top-k ratio and streamed fraction HybridGen's feedback scheduler settles at when the branch
+    times are the model's: the scheduler itself (:class:`~hybridgen.hybrid.scheduler.FeedbackScheduler`,
+    one unit, a decision every step) fed ``price(ratio, fraction)``'s CPU and GPU branch times and
+    three-way flows at its current knobs for :data:`SETTLE_DECISIONS` decisions. Returns (ratio, fraction):
+    the ratio's geometric mean over the last :data:`SETTLE_TAIL` decisions (or ``m.topk_ratio`` when
+    pinned), the fraction's last value (``m.stream_ratio`` when pinned; None without three-way)."""
+    owned = m.scheduled_params()
+    adapt_ratio, adapt_stream = "topk_ratio" in owned, "stream_ratio" in owned
+    start = SchedulerConfig()
+    ratio = m.topk_ratio if not adapt_ratio else start.start_ratio
+    fraction = None if not m.three_way else (m.stream_ratio if not adapt_stream else start.start_stream)
+    if not (adapt_ratio or adapt_stream):
+        return ratio, fraction
+    sched = FeedbackScheduler(dataclasses.replace(start, interval=1, adapt_ratio=adapt_ratio,
+                                                  adapt_stream=adapt_stream), num_layers=1)
+    ratios = []
+    for _ in range(SETTLE_DECISIONS):
+        r = sched.ratio(0) if adapt_ratio else ratio
+        f = sched.stream_fraction(0) if adapt_stream else fraction
+        cost = price(r, f)
+        sched.record(0, cost.cpu, cost.gpu)
+        if adapt_stream:
+            streamed = cost.breakdown.get("streamed_tokens", 0.0)
+            host = streamed / f if f else 0.0
+            sched.record_stream(0, cost.cpu, host - streamed, cost.breakdown.get("stream_copy_s", 0.0), streamed)
+        sched.end_step()
+        ratios.append(r)
+    if adapt_ratio:
+        tail = ratios[-SETTLE_TAIL:]
+        ratio = math.exp(sum(math.log(x) for x in tail) / len(tail))
+    return ratio, (sched.stream_fraction(0) if adapt_stream else fraction)
 
 
 def hybridgen_layer_cost(m: Any, c: CostContext) -> LayerCost:
     """``HybridGen.layer_cost``: :func:`hybridgen_cost` with ``m``'s parameters, its ``ship`` and
-    three-way options priced by :func:`hybridgen_variant_cost`; topk_ratio None prices the
-    scheduler's start ratio, stream_ratio None the balanced split. gpu_tokens / staging_tokens
-    are the footprint's (:func:`hybridgen.hybrid.memory.hybridgen_footprint`, through
+    three-way options priced by :func:`hybridgen_variant_cost`, every knob the scheduler owns (a
+    None ``topk_ratio`` / ``stream_ratio``) at the value it settles at under these costs
+    (:func:`settled_knobs`; the breakdown's ``topk_ratio`` and ``stream_ratio``). gpu_tokens /
+    staging_tokens are the footprint's (:func:`hybridgen.hybrid.memory.hybridgen_footprint`, through
     :func:`~hybridgen.methods.footprint.with_memory`) at the ratio priced; the shipped rows'
     device copies are outside it (set aside by the placement, :func:`ship_staging_bytes`)."""
-    ratio = priced_topk_ratio(m)
     # host segments are pageable (kv/tiers.py view): the scan runs at the pageable rate
     kw = dict(per_head=m.per_head, pipelined=m.pipeline, mapping=m.mapping, pinned=False,
               key_sketch=None if m.key_sketch == "none" else m.key_sketch, oversample=m.sketch_oversample,
               scan=m.scan, scan_oversample=m.scan_oversample)
-    if m.ship == "logits" and not m.three_way:
-        cost = hybridgen_cost(c, m.gpu_budget, ratio, **kw)
-    else:
-        cost = hybridgen_variant_cost(c, m.gpu_budget, ratio, ship=m.ship, three_way=m.three_way,
-                                      stream_ratio=m.stream_ratio, **kw)
+
+    def price(ratio: float, fraction: Optional[float]) -> LayerCost:
+        if m.ship == "logits" and not m.three_way:
+            return hybridgen_cost(c, m.gpu_budget, ratio, **kw)
+        return hybridgen_variant_cost(c, m.gpu_budget, ratio, ship=m.ship, three_way=m.three_way,
+                                      stream_ratio=fraction or 0.0, **kw)
+
+    ratio, fraction = settled_knobs(m, price)
+    cost = price(ratio, fraction)
+    cost.breakdown["topk_ratio"] = ratio
     shape = c.kv_shape()
     return with_memory(cost, hybridgen_footprint(dataclasses.replace(m, topk_ratio=ratio), shape), shape)

@@ -11,8 +11,9 @@ softmax (:mod:`hybridgen.hybrid.gpu_share`); a layer with nothing on the host ru
 own attention. The CPU branch (:mod:`hybridgen.hybrid.host_branch`) runs a layer ahead with a
 stand-in query (:mod:`hybridgen.hybrid.speculation`), the feedback scheduler
 (:mod:`hybridgen.hybrid.scheduler`) moves the top-k ratio from measured branch times
-(:mod:`hybridgen.hybrid.timing`), and ``three_way`` also streams the oldest host slice over
-PCIe (:mod:`hybridgen.hybrid.stream_slice`).
+(:mod:`hybridgen.hybrid.timing`), and ``three_way`` (on by default) also streams the oldest host
+slice over PCIe (:mod:`hybridgen.hybrid.stream_slice`), the scheduler balancing its share against
+the CPU scan: where the CPU branch is the bottleneck this is the knob that moves work to the GPU.
 Each option is read once, at bind time, into the step's parts (:mod:`hybridgen.hybrid.parts`);
 what the method allocates per tier is stated once in :mod:`hybridgen.hybrid.memory`.
 
@@ -69,8 +70,9 @@ class HybridGen(KVMethod):
     min_stand_in_cos: a layer whose stand-in query's mean cosine similarity to the true one
         (measured so far) is below this is scanned with the true query instead (0 = always speculate).
     three_way / stream_ratio: also stream the oldest share of the host tokens to the GPU, a
-        layer ahead; stream_ratio None = the scheduler balances it (CPU scan vs PCIe copy,
-        start 0.1), a number pins it.
+        layer ahead (default on; off where its two GPU slots do not fit the placement's budget);
+        stream_ratio None = the scheduler balances it (CPU scan vs PCIe copy, start 0.1), a
+        number pins it.
     ship: what the CPU branch sends over PCIe: 'logits' (the selected rows' fp32 logits + V
         rows, one softmax on the GPU) or 'partial' (the CPU's softmax over its selected rows:
         [out, lse] per query head, merged exactly on the GPU); hybridgen.perf.fastest_setting prices both.
@@ -98,7 +100,7 @@ class HybridGen(KVMethod):
     pipeline: bool = True
     speculative_logits: bool = False
     min_stand_in_cos: Annotated[float, Range(-1.0, 1.0)] = 0.8
-    three_way: bool = False
+    three_way: bool = True
     stream_ratio: Optional[Fraction] = None
     ship: Literal["logits", "partial"] = "logits"
     scan_backend: Literal["auto", "torch", "numba", "native"] = "auto"
@@ -242,7 +244,9 @@ class HybridGen(KVMethod):
         wait_host(q_ready)
         t0 = time.perf_counter()
         host = self.host[layer]
-        k = topk_count(self._ratio(layer), hi - lo, self.min_topk)
+        # k counts the host tokens the CPU's selection stands beside: the scanned and the streamed
+        # ones (three-way), so streaming only adds exact tokens to what the plain split attends
+        k = min(hi - lo, topk_count(self._ratio(layer), hi - lo + self.scan_range(layer)[0], self.min_topk))
         mask = host.mask[:, :, lo:hi] if host.mask is not None else None
         B, Hq, D = q_host.shape[0], q_host.shape[1], q_host.shape[-1]
         Hsel = Hq if self.per_head else self.ctx.num_kv_heads
@@ -394,6 +398,8 @@ class HybridGen(KVMethod):
         from hybridgen.hybrid.cost import hybridgen_layer_cost  # lazy: the cost needs the perf package
         return hybridgen_layer_cost(self, c)
 
-    def priced_config(self) -> Dict[str, Any]:  # a scheduler-owned top-k at the ratio the cost prices
-        from hybridgen.hybrid.cost import priced_topk_ratio
-        return {**self.output_config(), "topk_ratio": priced_topk_ratio(self)}
+    def scheduled_params(self) -> Tuple[str, ...]:
+        """The knobs the feedback scheduler owns: a None ``topk_ratio``, and with ``three_way`` a None
+        ``stream_ratio`` (the model prices them where the scheduler settles, :func:`hybridgen.hybrid.cost.settled_knobs`)."""
+        return (("topk_ratio",) if self.topk_ratio is None else ()) + \
+            (("stream_ratio",) if self.three_way and self.stream_ratio is None else ())

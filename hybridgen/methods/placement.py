@@ -97,7 +97,9 @@ def as_budget(tokens: int) -> Union[float, str]:
 def place(method: Any, gpu_kv: int, shape: KVShape, explicit: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The parameters of ``method`` (a registry name) under a GPU KV budget of ``gpu_kv`` bytes:
     its own derived placement (:meth:`KVMethod.placement_for`) with the ``explicit`` parameters
-    on top (they win). A method without a placement, or that cannot fit, fails in one line."""
+    on top (they win). A method without a placement, or that cannot fit (as derived, or with the
+    explicit parameters on top: e.g. a three-way stream asked for whose slots the placement would
+    turn off), fails in one line."""
     from hybridgen.methods.registry import build_method
 
     explicit = dict(explicit or {})
@@ -106,7 +108,13 @@ def place(method: Any, gpu_kv: int, shape: KVShape, explicit: Optional[Mapping[s
     if derived is None:
         raise ConfigError(f"method {method!r} cannot derive its placement from memory.gpu_kv (it has no "
                           f"placement_for); unset memory.gpu_kv or give its placement parameters")
-    return {**derived, **explicit}
+    placed = {**derived, **explicit}
+    if placed != derived:
+        fp = build_method(method, **placed).footprint(shape)
+        if fp is not None and not fp.fits(int(gpu_kv)):
+            raise refuse(method, fp.gpu_bytes, int(gpu_kv), "its configuration with " +
+                         ", ".join(f"{k}={v}" for k, v in sorted(explicit.items())))
+    return placed
 
 
 def store_capacities(hardware: Mapping[str, Any], gpu: Optional[int]) -> Dict[str, Optional[int]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, FrozenSet, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, FrozenSet, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -175,8 +175,14 @@ class KVMethod:
         accuracy measured for one holds for the other)."""
         return {k: v for k, v in self.config().items() if k not in self.placement_params}
 
-    def priced_config(self) -> Dict[str, Any]:
-        """The output configuration the performance model prices: :meth:`output_config` with every
-        knob the run adapts as it goes (e.g. a scheduler-owned ratio) at the value :meth:`layer_cost`
-        assumes. An accuracy belongs next to a projected speed only when measured at this."""
-        return self.output_config()
+    def scheduled_params(self) -> Tuple[str, ...]:
+        """The parameters this run adapts as it goes (e.g. a scheduler-owned ratio left None); ()
+        for a method whose parameters all hold still. Their values in a result follow the timings of
+        the machine that made it."""
+        return ()
+
+    def priced_knobs(self, breakdown: Mapping[str, Any]) -> Dict[str, Any]:
+        """The :meth:`scheduled_params` at the values a projection priced them (read from its
+        prediction's ``breakdown``). An accuracy belongs next to a projected speed only when measured
+        with the method's parameters updated with these."""
+        return {k: float(breakdown[k]) for k in self.scheduled_params() if k in breakdown}

@@ -13,8 +13,8 @@
    them instead of taking their max, and host KV is not pinned. On a CUDA machine the
    profile's gpu / link sections are measured on the GPU instead (``measure_gpu``).
 2. Real per-layer decode runs (:func:`hybridgen.testing.MethodDriver`, seeded random
-   q/k/v, no history) of ``full``, ``hybrid-exact``, ``hybridgen`` (top-k 5%, not
-   pipelined; also with ``key_sketch='int4'``) and of every registered method that declares
+   q/k/v, no history) of ``full``, ``hybrid-exact``, ``hybridgen`` (top-k 5%, nothing streamed, not
+   pipelined; also with ``key_sketch='int4'``, and three-way at a 30% streamed share) and of every registered method that declares
    ``validation_rows`` (FlexGen: streaming and CPU attention; :func:`validation_methods`),
    90% of the KV on the host, at
    two shapes, in fp32; and of ``full`` and ``hybridgen`` (its default bf16-dot scan, and
@@ -43,23 +43,28 @@ from hybridgen.shapes import ModelShape, Workload
 SOURCE = "this-machine"
 GPU_BUDGET = 0.1
 TOPK = 0.05
-# (label, registered method, parameters) of the library's methods: 90% of the KV on the host for
-# every split method; a registered method adds its own rows (:func:`validation_methods`)
+# the split methods' common settings: 90% of the KV on the host, a pinned top-k, the CPU branch of
+# the layer itself (no lookahead), nothing streamed (a row below adds the three-way split; its copy
+# is a memcpy on a machine without CUDA, so only a GPU host validates its PCIe side)
+HYBRIDGEN = {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False, "three_way": False}
+# (label, registered method, parameters) of the library's methods; a registered method adds its own
+# rows (:func:`validation_methods`)
 LIBRARY_METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("full", "full", {}),
     ("hybrid-exact", "hybrid-exact", {"gpu_budget": GPU_BUDGET}),
-    ("hybridgen", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False}),
-    ("hybridgen-sketch-int4", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False,
-                                            "key_sketch": "int4"}),
+    ("hybridgen", "hybridgen", HYBRIDGEN),
+    ("hybridgen-sketch-int4", "hybridgen", {**HYBRIDGEN, "key_sketch": "int4"}),
+    # the default's three-way split at a pinned share: the CPU branch over the rest, the streamed
+    # slice copied and attended on the 'gpu' (here the host's own cores: a memcpy, branches added)
+    ("hybridgen-three-way", "hybridgen", {**HYBRIDGEN, "three_way": True, "stream_ratio": 0.3}),
 )
 # bf16 KV: HybridGen's default selection scan, the bf16-dot branch fused per (batch, KV head) row
 # (csrc/branch.c), runs only on bf16 host keys (fp32 keys are scanned exactly), so these rows are
 # the ones that time it; ``full`` and the exact scan beside it on the same dtype
 BF16_METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("full", "full", {}),
-    ("hybridgen", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False}),
-    ("hybridgen-scan-exact", "hybridgen", {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False,
-                                           "scan": "exact"}),
+    ("hybridgen", "hybridgen", HYBRIDGEN),
+    ("hybridgen-scan-exact", "hybridgen", {**HYBRIDGEN, "scan": "exact"}),
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
