@@ -29,12 +29,13 @@ def test_scheduler_owned_topk_takes_the_traces_last_ratio():
                            {"knob": "topk_ratio", "new": 0.2}]}
     out = project("hybridgen", {"topk_ratio": None, "three_way": False}, **RUN, trace=trace)
     want = pm.predict_step(build_method("hybridgen", topk_ratio=0.2, three_way=False), LLAMA8B, W, "h200-host")
-    assert out["step_s"] == want.total_s and out["priced"] == {}
+    assert out["step_s"] == want.total_s and out["priced"] == {"topk_ratio": 0.2}
     # the default's streamed fraction too, each knob at its last decision
     trace["scheduler"].append({"knob": "stream_ratio", "new": 0.4})
     out = project("hybridgen", {}, **RUN, trace=trace)
     assert out["step_s"] == pm.predict_step(build_method("hybridgen", topk_ratio=0.2, stream_ratio=0.4), LLAMA8B, W,
                                             "h200-host").total_s
+    assert out["priced"] == {"topk_ratio": 0.2, "stream_ratio": 0.4}  # the knobs priced, from the trace
     settled = project("hybridgen", {}, **RUN)   # no trace: where the model's scheduler settles
     knobs = settled["priced"]
     assert set(knobs) == {"topk_ratio", "stream_ratio"}

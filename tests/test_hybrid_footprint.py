@@ -141,6 +141,10 @@ def test_placement_turns_the_scheduled_stream_off_where_its_slots_do_not_fit():
     assert got["three_way"] is False
     placed = dataclasses.replace(HybridGen(), **got)
     assert placed.footprint(shape).fits(G) and got == {**plain.placement_for(G, shape), "three_way": False}
+    # slots that fit but leave no room for two layers of shipped rows: the stream goes, not the share
+    tight = smallest_default + ship_staging_bytes(HybridGen(gpu_budget=Budget(tokens=0)), shape) // 2
+    got = HybridGen().placement_for(tight, shape)
+    assert got["three_way"] is False and got["gpu_budget"] != 0.0
     # with room for the slots the stream stays (and the share is what the slots leave)
     roomy = HybridGen().placement_for(4 * smallest_default, shape)
     assert "three_way" not in roomy

@@ -81,3 +81,14 @@ def test_the_default_is_priced_where_its_scheduler_settles_not_at_its_start():
     assert default.total_s < at_start.total_s  # balancing pays where the CPU is the bottleneck
     plain = predict_step(build_method("hybridgen", three_way=False), "llama-3.1-8b", w, "h200-host")
     assert default.total_s < plain.total_s
+
+
+def test_the_model_caps_the_selection_at_the_scanned_tokens_as_the_code_does():
+    """k counts every host token but is at most the (1 - f) scanned ones: a ratio above 1 - f is
+    priced at the scanned tokens, not beyond them."""
+    w = Workload(batch=8, context=32768)
+    over = predict_step(build_method("hybridgen", topk_ratio=0.5, stream_ratio=0.7), "llama-3.1-8b", w, "h200-host")
+    at_cap = predict_step(build_method("hybridgen", topk_ratio=0.3, stream_ratio=0.7), "llama-3.1-8b", w, "h200-host")
+    host = over.breakdown["streamed_tokens"] / 0.7
+    assert over.breakdown["topk_tokens"] == at_cap.breakdown["topk_tokens"] <= math.ceil(0.3 * host)
+    assert over.total_s == pytest.approx(at_cap.total_s)

@@ -49,9 +49,12 @@ def project(method: Union[str, Any], params: Optional[Mapping[str, Any]], spec, 
 
     method: a registered name (built with ``params``) or a built KVMethod (``params`` ignored).
     """
+    from hybridgen.methods import build_method
     from hybridgen.perf import NotModelled, Workload, predict_step
 
-    m = run_method(method, params, trace)
+    built = build_method(method, **dict(params or {})) if isinstance(method, str) else method
+    m = run_method(built, trace=trace)
+    from_trace = {k: getattr(m, k) for k in built.scheduled_params() if k not in m.scheduled_params()}
     kw: Dict[str, Any] = {"batch": int(batch), "context": int(prompt_len + gen_len // 2),
                           "dtype": DTYPE.get(dtype, dtype)}
     try:
@@ -64,4 +67,4 @@ def project(method: Union[str, Any], params: Optional[Mapping[str, Any]], spec, 
             "workload": kw, "step_s": p.total_s, "decode_tokens_per_s": p.tokens_per_s(int(batch)),
             "cpu_branch_s": p.cpu_branch_s, "gpu_branch_s": p.gpu_branch_s, "transfer_s": p.transfer_s,
             "fits_gpu": p.fits_gpu, "fits_host": p.fits_host, "host_bytes": dict(p.host_bytes),
-            "priced": m.priced_knobs(p.breakdown)}
+            "priced": {**from_trace, **m.priced_knobs(p.breakdown)}}

@@ -194,9 +194,9 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     three_way: the oldest f of the host tokens are copied over PCIe a layer ahead (pinned,
     B*f*S_h*kv_tok bytes, keys and values each at min(link, their tier's read rate)) and attended on the GPU; the CPU branch's scan and
     selection shrink by (1 - f) (the k selected rows, a share of every host token, and the fixed ops
-    stay); layer = max(CPU branch, GPU path + streamed
-    attention, copy), f = ``stream_ratio`` (a scheduler-owned f is priced where the scheduler
-    settles: :func:`settled_knobs`).
+    stay); layer = max(CPU branch, GPU path + streamed attention, copy) (added, not overlapped,
+    where the 'gpu' is the host's own cores: ``CostContext.overlap``), f = ``stream_ratio`` (a
+    scheduler-owned f is priced where the scheduler settles: :func:`settled_knobs`).
     """
     base = hybridgen_cost(c, gpu_budget, topk_ratio, **hybridgen_kw)
     per_head = bool(hybridgen_kw.get("per_head", False))
@@ -298,8 +298,9 @@ def hybridgen_layer_cost(m: Any, c: CostContext) -> LayerCost:
     def price(ratio: float, fraction: Optional[float]) -> LayerCost:
         if m.ship == "logits" and not m.three_way:
             return hybridgen_cost(c, m.gpu_budget, ratio, **kw)
-        return hybridgen_variant_cost(c, m.gpu_budget, ratio, ship=m.ship, three_way=m.three_way,
-                                      stream_ratio=fraction or 0.0, **kw)
+        # k counts every host token but is at most the scanned ones, (1 - f) of them (HybridGen._cpu_task)
+        return hybridgen_variant_cost(c, m.gpu_budget, min(ratio, 1.0 - (fraction or 0.0)), ship=m.ship,
+                                      three_way=m.three_way, stream_ratio=fraction or 0.0, **kw)
 
     ratio, fraction = settled_knobs(m, price)
     cost = price(ratio, fraction)

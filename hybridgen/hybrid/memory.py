@@ -142,18 +142,18 @@ def hybridgen_placement(m: Any, gpu_kv_bytes: int, shape: KVShape) -> Dict[str, 
     two layers of shipped rows at the largest selection are set aside (:func:`ship_staging_bytes`,
     at share 0: the most host tokens); when those rows leave no room, the smallest share
     (sinks and window 0) if its footprint alone fits; else refused in one line. A scheduler-owned
-    three-way stream (``stream_ratio`` None) whose two slots do not fit beside the smallest share is
-    turned off (``three_way: False`` in the overrides, logged): the stream is an option of the
+    three-way stream (``stream_ratio`` None) whose two slots do not fit beside the smallest share and
+    the shipped rows is turned off (``three_way: False`` in the overrides, logged): the stream is an option of the
     scheduler, a pinned ``stream_ratio`` is refused instead."""
     make = lambda n: {"gpu_budget": as_budget(n)}  # noqa: E731
     smallest = dataclasses.replace(m, **make(0))
-    if m.three_way and m.stream_ratio is None and not smallest.footprint(shape).fits(gpu_kv_bytes):
+    room = gpu_kv_bytes - ship_staging_bytes(smallest, shape)
+    if m.three_way and m.stream_ratio is None and not smallest.footprint(shape).fits(room):
         plain = dataclasses.replace(m, three_way=False)
         placed = {**hybridgen_placement(plain, gpu_kv_bytes, shape), "three_way": False}
         log.info("hybridgen: the three-way stream's GPU slots (%d tokens each) do not fit memory.gpu_kv; "
                  "running without the stream", stream_capacity(host_capacity(shape.context, 0), max_stream_fraction(None)))
         return placed
-    room = gpu_kv_bytes - ship_staging_bytes(smallest, shape)
     if smallest.footprint(shape).fits(room):
         return fit_share(m, room, shape, make)
     return fit_share(m, gpu_kv_bytes, shape, make, hi=0)

@@ -250,7 +250,7 @@ class HybridGen(KVMethod):
         mask = host.mask[:, :, lo:hi] if host.mask is not None else None
         B, Hq, D = q_host.shape[0], q_host.shape[1], q_host.shape[-1]
         Hsel = Hq if self.per_head else self.ctx.num_kv_heads
-        views = self.packer.views((layer, "ship"), B, Hq, Hsel, min(k, hi - lo), D, host.v.dtype)
+        views = self.packer.views((layer, "ship"), B, Hq, Hsel, k, D, host.v.dtype)
         sketch = self.parts.scan.sketch(layer, host)
         sel = pipelined_host_branch(
             q_host, host.k[:, :, lo:hi], host.v[:, :, lo:hi], self.ctx.scale, k, self.per_head, self.branch_pieces,
@@ -390,7 +390,8 @@ class HybridGen(KVMethod):
         return hybridgen_footprint(self, shape)
 
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """The largest GPU share whose footprint fits (:func:`hybridgen.hybrid.memory.hybridgen_placement`)."""
+        """The largest GPU share whose footprint fits, and ``three_way: False`` where the scheduler's
+        stream does not (:func:`hybridgen.hybrid.memory.hybridgen_placement`)."""
         return hybridgen_placement(self, gpu_kv_bytes, shape)
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
