@@ -76,9 +76,7 @@ from hybridgen.validation.cli import exit_on_existing_output, parse_checked  # n
 
 TARGETS = {"scan_over_read": 0.8, "branch_over_read": 0.6, "sketch_over_bf16_limit": 1.5,
            "default_branch_over_read": 0.8}
-# the default configuration whose CPU branch ``default branch`` times, over every host key it is
-# given (the default's three-way stream hands the CPU (1 - f) of a layer's host tokens)
-DEFAULT = HybridGen()
+DEFAULT = HybridGen()  # the default whose CPU branch ``default branch`` times, over the host keys given it
 
 
 def rounds(fns: Dict[str, Callable[[int], object]], reps: int, copies: int) -> Dict[str, List[float]]:

@@ -18,6 +18,9 @@ def test_host_branch_exact_logits_and_counts():
     assert float((exact.double() - ref).abs().max()) < 1e-4
     assert topk_count(0.05, 100) == 5 and topk_count(0.05, 100, minimum=16) == 16
     assert topk_count(0.5, 0) == 0 and topk_count(1.0, 10, minimum=16) == 10
+    # three-way: the streamed tokens count, the scanned ones cap (a scan window over 40 of 300 host
+    # tokens with 90 streamed selects 0.1 * 130 = 13; 0.5 of them would be 65, capped at the 40 scanned)
+    assert topk_count(0.1, 40, streamed=90) == 13 and topk_count(0.5, 40, streamed=90) == 40
 
 
 # ------------------------------------------------------------------ the whole branch, every scan kind

@@ -298,7 +298,7 @@ def hybridgen_layer_cost(m: Any, c: CostContext) -> LayerCost:
     def price(ratio: float, fraction: Optional[float]) -> LayerCost:
         if m.ship == "logits" and not m.three_way:
             return hybridgen_cost(c, m.gpu_budget, ratio, **kw)
-        # k counts every host token but is at most the scanned ones, (1 - f) of them (HybridGen._cpu_task)
+        # k counts every host token but is at most the scanned ones, (1 - f) of them (host_branch.topk_count)
         return hybridgen_variant_cost(c, m.gpu_budget, min(ratio, 1.0 - (fraction or 0.0)), ship=m.ship,
                                       three_way=m.three_way, stream_ratio=fraction or 0.0, **kw)
 

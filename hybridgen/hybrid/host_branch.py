@@ -236,8 +236,10 @@ def rerank(cand_logits: Tensor, cand: Tensor, k: int, how: str, scan_logits: Opt
     return rerank_exact(cand_logits, approx, cand, k, how, scan_logits, stats, pool=pool)
 
 
-def topk_count(ratio: float, host_tokens: int, minimum: int = 1) -> int:
-    """Tokens to select for a ratio of the host tokens: ceil(ratio * n), at least ``minimum``, at most n."""
+def topk_count(ratio: float, host_tokens: int, minimum: int = 1, streamed: int = 0) -> int:
+    """Tokens to select among ``host_tokens`` scanned ones: ceil(ratio * (n + streamed)), at least
+    ``minimum``, at most n. ``streamed``: host tokens the three-way split attends exactly beside the
+    selection; they count, so streaming only adds exact tokens to what the plain split selects."""
     if host_tokens <= 0:
         return 0
-    return min(host_tokens, max(minimum, int(math.ceil(ratio * host_tokens - 1e-9))))
+    return min(host_tokens, max(minimum, int(math.ceil(ratio * (host_tokens + streamed) - 1e-9))))

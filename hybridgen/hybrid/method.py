@@ -11,9 +11,8 @@ softmax (:mod:`hybridgen.hybrid.gpu_share`); a layer with nothing on the host ru
 own attention. The CPU branch (:mod:`hybridgen.hybrid.host_branch`) runs a layer ahead with a
 stand-in query (:mod:`hybridgen.hybrid.speculation`), the feedback scheduler
 (:mod:`hybridgen.hybrid.scheduler`) moves the top-k ratio from measured branch times
-(:mod:`hybridgen.hybrid.timing`), and ``three_way`` (on by default) also streams the oldest host
-slice over PCIe (:mod:`hybridgen.hybrid.stream_slice`), the scheduler balancing its share against
-the CPU scan: where the CPU branch is the bottleneck this is the knob that moves work to the GPU.
+(:mod:`hybridgen.hybrid.timing`), and ``three_way`` (default) also streams the oldest host slice
+over PCIe (:mod:`hybridgen.hybrid.stream_slice`), the scheduler balancing it against the CPU scan.
 Each option is read once, at bind time, into the step's parts (:mod:`hybridgen.hybrid.parts`);
 what the method allocates per tier is stated once in :mod:`hybridgen.hybrid.memory`.
 
@@ -70,9 +69,8 @@ class HybridGen(KVMethod):
     min_stand_in_cos: a layer whose stand-in query's mean cosine similarity to the true one
         (measured so far) is below this is scanned with the true query instead (0 = always speculate).
     three_way / stream_ratio: also stream the oldest share of the host tokens to the GPU, a
-        layer ahead (default on; off where its two GPU slots do not fit the placement's budget);
-        stream_ratio None = the scheduler balances it (CPU scan vs PCIe copy, start 0.1), a
-        number pins it.
+        layer ahead (default; the placement turns it off where its GPU slots do not fit); stream_ratio
+        None = the scheduler balances it (CPU scan vs PCIe copy, start 0.1), a number pins it.
     ship: what the CPU branch sends over PCIe: 'logits' (the selected rows' fp32 logits + V
         rows, one softmax on the GPU) or 'partial' (the CPU's softmax over its selected rows:
         [out, lse] per query head, merged exactly on the GPU); hybridgen.perf.fastest_setting prices both.
@@ -232,9 +230,9 @@ class HybridGen(KVMethod):
             self.count("exact_logit_recomputes", 1)
         return self.packer.ship((layer, "ship"), logits, sel.v_rows, views)
 
-    def _cpu_task(self, layer: int, q_host: Tensor, q_ready: Any, keep_keys: bool, lo: int, hi: int,
+    def _cpu_task(self, layer: int, q_host: Tensor, q_ready: Any, keep_keys: bool, lo: int, hi: int, k: int,
                   true_query: bool) -> Tuple[HostSelection, float, Optional[Dict[str, Tensor]], Any, Dict[str, Any]]:
-        """Runs on the pool: scan + top-k + gather of ``layer``'s host tokens [lo, hi); with the
+        """Runs on the pool: scan + top-k (k rows) + gather of ``layer``'s host tokens [lo, hi); with the
         true query also the last step and the send (:meth:`_finish`).
 
         q_host [B, Hq, 1, D]: the query on the host; q_ready: the event of its device->host copy
@@ -244,9 +242,6 @@ class HybridGen(KVMethod):
         wait_host(q_ready)
         t0 = time.perf_counter()
         host = self.host[layer]
-        # k counts the host tokens the CPU's selection stands beside: the scanned and the streamed
-        # ones (three-way), so streaming only adds exact tokens to what the plain split attends
-        k = min(hi - lo, topk_count(self._ratio(layer), hi - lo + self.scan_range(layer)[0], self.min_topk))
         mask = host.mask[:, :, lo:hi] if host.mask is not None else None
         B, Hq, D = q_host.shape[0], q_host.shape[1], q_host.shape[-1]
         Hsel = Hq if self.per_head else self.ctx.num_kv_heads
@@ -267,8 +262,9 @@ class HybridGen(KVMethod):
         keep_keys = self.parts.logits.keep_keys if speculative else not self.parts.scan.exact
         self.count("bytes_d2h", q.numel() * q.element_size())
         q_host, q_ready = self.q_down.send(layer, q)  # preallocated pinned buffer + event on CUDA
-        _, lo, hi = self.scan_range(layer)
-        fut = self.pool.submit(self._cpu_task, layer, q_host, q_ready, keep_keys, lo, hi, not speculative)
+        n_stream, lo, hi = self.scan_range(layer)
+        k = topk_count(self._ratio(layer), hi - lo, self.min_topk, streamed=n_stream)
+        fut = self.pool.submit(self._cpu_task, layer, q_host, q_ready, keep_keys, lo, hi, k, not speculative)
         self._pending[layer] = (fut, q if speculative else None)
         if speculative:
             self.count("speculative_scans", 1)
@@ -390,8 +386,7 @@ class HybridGen(KVMethod):
         return hybridgen_footprint(self, shape)
 
     def placement_for(self, gpu_kv_bytes: int, shape: "KVShape") -> "Optional[dict]":
-        """The largest GPU share whose footprint fits, and ``three_way: False`` where the scheduler's
-        stream does not (:func:`hybridgen.hybrid.memory.hybridgen_placement`)."""
+        """The largest GPU share that fits (:func:`hybridgen.hybrid.memory.hybridgen_placement`)."""
         return hybridgen_placement(self, gpu_kv_bytes, shape)
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
@@ -400,7 +395,6 @@ class HybridGen(KVMethod):
         return hybridgen_layer_cost(self, c)
 
     def scheduled_params(self) -> Tuple[str, ...]:
-        """The knobs the feedback scheduler owns: a None ``topk_ratio``, and with ``three_way`` a None
-        ``stream_ratio`` (the model prices them where the scheduler settles, :func:`hybridgen.hybrid.cost.settled_knobs`)."""
-        return (("topk_ratio",) if self.topk_ratio is None else ()) + \
-            (("stream_ratio",) if self.three_way and self.stream_ratio is None else ())
+        """The knobs the scheduler owns (priced where it settles: :func:`hybridgen.hybrid.cost.settled_knobs`)."""
+        owned = {"topk_ratio": self.topk_ratio is None, "stream_ratio": self.three_way and self.stream_ratio is None}
+        return tuple(k for k, yes in owned.items() if yes)
