@@ -43,7 +43,7 @@ from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 
 EXP = "paper_speedup"
 PAPER_BAND = (1.41, 3.2)
-HYBRIDGEN_PRESETS = ("hybridgen-b20", "hybridgen")
+HYBRIDGEN_PRESETS = ("hybridgen", "hybridgen-b20")
 GPUS = [("a100", "A100 80GB"), ("h100", "H100 80GB"), ("rtx5090", "RTX 5090 32GB"), ("h200", "H200 141GB")]
 CPU_COLUMN = ("cpu-emulated", "this CPU (emulated)")
 # preset -> row label; presets not named here are shown by their name
