@@ -3,6 +3,7 @@
 :func:`hybridgen.hybrid.cost.settled_knobs` runs the feedback scheduler itself on modelled branch
 times; these tests feed it synthetic costs whose balance points are known in closed form.
 """
+import dataclasses
 import math
 
 import pytest
@@ -92,3 +93,27 @@ def test_the_model_caps_the_selection_at_the_scanned_tokens_as_the_code_does():
     host = over.breakdown["streamed_tokens"] / 0.7
     assert over.breakdown["topk_tokens"] == at_cap.breakdown["topk_tokens"] <= math.ceil(0.3 * host)
     assert over.total_s == pytest.approx(at_cap.total_s)
+
+
+@pytest.mark.parametrize("profile,emulated", [("h200-host", False), ("a100-80gb", False), ("h200-host", True)])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_the_three_way_cost_with_nothing_streamed_is_the_plain_split_cost(profile, emulated, pipelined):
+    """f = 0 streams nothing: the variant's layer and attention are hybridgen_cost's exactly (it
+    used to leave the exact recompute off the GPU path and overlap the after-wait work with the
+    CPU branch)."""
+    from hybridgen.hybrid.cost import hybridgen_cost, hybridgen_variant_cost
+    from hybridgen.perf import CostContext, as_model_shape, load_profile
+
+    hw = load_profile(profile)
+    hw = dataclasses.replace(hw, gpu=dataclasses.replace(hw.gpu, emulated_on_host=emulated))  # the CPU's own 'gpu'
+    for batch, context in ((8, 32768), (1, 4096)):
+        c = CostContext(as_model_shape("llama-3.1-8b"), Workload(batch=batch, context=context), hw)
+        assert c.emulated == emulated
+        plain = hybridgen_cost(c, 0.1, 0.05, pipelined=pipelined, scan="bf16dot")
+        variant = hybridgen_variant_cost(c, 0.1, 0.05, three_way=True, stream_ratio=0.0, pipelined=pipelined,
+                                         scan="bf16dot")
+        assert variant.layer == pytest.approx(plain.layer, rel=1e-12)
+        assert variant.attn == pytest.approx(plain.attn, rel=1e-12)
+        streamed = hybridgen_variant_cost(c, 0.1, 0.05, three_way=True, stream_ratio=0.3, pipelined=pipelined,
+                                          scan="bf16dot")
+        assert streamed.layer != pytest.approx(plain.layer, rel=1e-6)  # and streaming does change it

@@ -27,7 +27,7 @@ It prices what ``HybridGen.decode`` runs (:mod:`hybridgen.hybrid.gpu_share`):
                   pipelined (CPU runs a layer ahead, exact logits of the k rows recomputed after
                   the wait: exact = gather of the k key rows + 1 host op):
                     layer = max(cpu + exact, rest + gpu_pre + exact + after)
-                  otherwise: layer = rest + attn
+                  otherwise: layer = rest + attn (+ exact on the CPU-emulated profile)
 
 Host placement: 'semantic' by default (keys on DRAM, values on CXL when the profile has a CXL
 node); a workload's ``mapping`` overrides it.
@@ -194,9 +194,11 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     three_way: the oldest f of the host tokens are copied over PCIe a layer ahead (pinned,
     B*f*S_h*kv_tok bytes, keys and values each at min(link, their tier's read rate)) and attended on the GPU; the CPU branch's scan and
     selection shrink by (1 - f) (the k selected rows, a share of every host token, and the fixed ops
-    stay); layer = max(CPU branch, GPU path + streamed attention, copy) (added, not overlapped,
-    where the 'gpu' is the host's own cores: ``CostContext.overlap``), f = ``stream_ratio`` (a
-    scheduler-owned f is priced where the scheduler settles: :func:`settled_knobs`).
+    stay); pipelined: layer = max(CPU branch, GPU path + streamed attention + exact, copy);
+    otherwise layer = rest + overlap(CPU branch, share + streamed attention, copy) + exact + after
+    (``CostContext.overlap``: added where the 'gpu' is the host's own cores), so f = 0 is
+    :func:`hybridgen_cost` exactly; f = ``stream_ratio`` (a scheduler-owned f is priced where the
+    scheduler settles: :func:`settled_knobs`).
     """
     base = hybridgen_cost(c, gpu_budget, topk_ratio, **hybridgen_kw)
     per_head = bool(hybridgen_kw.get("per_head", False))
@@ -207,6 +209,7 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     row = c.D * c.b
     cpu, gpu, xfer = base.cpu, base.gpu, base.transfer
     exact = bd.get("exact_logits_s", 0.0)
+    after = bd.get("after_wait_s", 0.0)  # the GPU's work after the wait (the shipped rows' values, the softmax)
     if ship == "partial" and k:
         rows_bytes = c.B * Hsel * k * row
         partial_bytes = c.B * c.Hq * (row + 4)
@@ -215,6 +218,7 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
         saved_gpu = c.gpu_values(k * Hsel / c.Hkv) - c.gpu_values(c.Hq / c.Hkv)
         cpu = cpu - xfer + new_xfer + extra_cpu
         gpu = gpu - max(0.0, saved_gpu)
+        after = after - max(0.0, saved_gpu)
         exact += extra_cpu
         xfer = new_xfer
         bd.update(h2d_bytes=partial_bytes, transfer_s=new_xfer, partial_s=extra_cpu)
@@ -227,14 +231,17 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     cpu_f = cpu - f * (bd.get("scan_s", 0.0) + bd.get("group_score_s", 0.0) + bd.get("topk_s", 0.0))
     copy_f = c.host_copy(c.B * n * c.kv_tok, tiers) if n else 0.0  # keys and values from their tiers
     gpu_f = gpu + (c.gpu_keys(n) + c.gpu_values(n) if n else 0.0)
-    if pipelined and not c.emulated:
-        layer = max(cpu_f, gpu_f, copy_f)
+    # the GPU's work after the wait follows the CPU branch; its work before the wait (the share
+    # and the streamed slice) runs beside the branch and the copy
+    before = c.overlap(c.overlap(cpu_f - exact, gpu_f - c.rest - after), copy_f)
+    if pipelined and not c.emulated:  # as hybridgen_cost: the exact recompute sits on both paths
+        layer = max(cpu_f, gpu_f + exact, copy_f)
     else:  # concurrent branches, added where the 'gpu' is the host's own cores (CostContext.overlap)
-        layer = c.overlap(c.overlap(cpu_f - exact, gpu_f - c.rest), copy_f) + c.rest + exact
+        layer = c.rest + before + exact + after
     bd.update(stream_ratio=f, streamed_tokens=f * S_h, stream_copy_s=copy_f,
               stream_bytes=c.B * f * S_h * c.kv_tok)
     label = "hybridgen" + ("-partial" if ship == "partial" else "") + ("-three-way" if three_way else "")
-    return LayerCost(attn=c.overlap(c.overlap(cpu_f, gpu_f - c.rest), copy_f), layer=layer, cpu=cpu_f, gpu=gpu_f,
+    return LayerCost(attn=before + after, layer=layer, cpu=cpu_f, gpu=gpu_f,
                      transfer=xfer + copy_f, gpu_tokens=base.gpu_tokens,
                      staging_tokens=base.staging_tokens + (2 * f * S_h if three_way else 0.0),
                      breakdown=bd, label=label)
