@@ -246,18 +246,13 @@ def run(args, threads: int, data: dict) -> dict:
                            "topk_ratio": args.topk_ratio},
         "rows": rows, "branch_stages_ms": stages,
     })
+    pairs = (("scan", "bf16dot scan"), ("select", "bf16dot select"), ("exact_select", "exact select"))
     res["bf16dot"] = {
         "isa": "avx512_bf16 vdpbf16ps" if native.has_bf16dot() else f"{native.ISA_NAMES[native.isa()]} emulation",
         "oversample": args.bf16dot_oversample,
-        **{f"{key}_gbps": rows[name]["gbps"] for key, name in (("scan", "bf16dot scan"), ("select", "bf16dot select"),
-                                                              ("exact_select", "exact select"))},
-        **{f"{key}_gbps_spread": [rows[name]["gbps_min"], rows[name]["gbps_max"]]
-           for key, name in (("scan", "bf16dot scan"), ("select", "bf16dot select"),
-                             ("exact_select", "exact select"))},
-        "scan_over_read": rows["bf16dot scan"]["gbps"] / read,
-        "select_over_read": rows["bf16dot select"]["gbps"] / read,
-        "exact_scan_over_read": rows["scan native bf16"]["gbps"] / read,
-        "exact_select_over_read": rows["exact select"]["gbps"] / read,
+        **{f"{key}_gbps": rows[name]["gbps"] for key, name in pairs},
+        **{f"{key}_gbps_spread": [rows[name]["gbps_min"], rows[name]["gbps_max"]] for key, name in pairs},
+        **{f"{key}_over_read": rows[name]["gbps"] / read for key, name in pairs + (("exact_scan", "scan native bf16"),)},
     }
     ratios = {"scan_over_read": res["scan_gbps"] / read, "branch_over_read": res["branch_gbps"] / read,
               "sketch_over_bf16_limit": (res["sketch_tokens_per_s"] / limit) if best_sketch else None,
