@@ -22,7 +22,8 @@ KV does not fit in the GPU memory budget (its placement is refused, or the model
 is shown as ``does not fit`` (it could not run there); an offloaded preset without its own emulated
 run shows its GPU-resident preset's fidelity (same tokens, tests/test_offload.py), marked ``(= h2o)``; the
 baseline rows are the method presets of the experiment's sweep (``method=NAME``), HybridGen is the
-``hybridgen-b20`` preset (or ``hybridgen``) and ``full`` is shown as a reference row.
+``hybridgen`` preset, its default configuration (or ``hybridgen-b20`` in a results folder of the
+fixed top-k preset only; never a baseline row beside it), and ``full`` is shown as a reference row.
 """
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def speedups(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         hg_name = next((h for h in HYBRIDGEN_PRESETS if h in by_preset), None)
         hg = by_preset.get(hg_name) if hg_name else None
         for preset, p in sorted(by_preset.items()):
-            if preset == hg_name:
+            if preset in HYBRIDGEN_PRESETS:  # HybridGen's row (another of its presets is no baseline)
                 continue
             hg_ok = bool(hg and hg["step_s"] and hg["fits"] is not False)
             base_ok = bool(p["step_s"] and p["fits"] is not False)

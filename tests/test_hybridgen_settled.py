@@ -95,17 +95,28 @@ def test_the_model_caps_the_selection_at_the_scanned_tokens_as_the_code_does():
     assert over.total_s == pytest.approx(at_cap.total_s)
 
 
-@pytest.mark.parametrize("profile,emulated", [("h200-host", False), ("a100-80gb", False), ("h200-host", True)])
+def _slow_gpu(hw, factor):
+    """The profile with its GPU's rates divided by ``factor`` (factor 1: unchanged)."""
+    g = hw.gpu
+    return dataclasses.replace(hw, gpu=dataclasses.replace(
+        g, hbm_gbps=g.hbm_gbps / factor, attention_gbps=g.attention_gbps / factor,
+        gqa_attention_gbps=g.gqa_attention_gbps / factor if g.gqa_attention_gbps else None))
+
+
+@pytest.mark.parametrize("profile,emulated,slow", [("h200-host", False, 1), ("a100-80gb", False, 1),
+                                                   ("h200-host", True, 1), ("h200-host", False, 300)])
 @pytest.mark.parametrize("pipelined", [True, False])
-def test_the_three_way_cost_with_nothing_streamed_is_the_plain_split_cost(profile, emulated, pipelined):
-    """f = 0 streams nothing: the variant's layer and attention are hybridgen_cost's exactly (it
+def test_the_three_way_cost_with_nothing_streamed_is_the_plain_split_cost(profile, emulated, slow, pipelined):
+    """f = 0 streams nothing: the variant's layer and attention are hybridgen_cost's exactly, where
+    the CPU branch bounds the layer and where the GPU path does (slow: the GPU's rates / 300). It
     used to leave the exact recompute off the GPU path and overlap the after-wait work with the
-    CPU branch)."""
+    CPU branch; and not pipelined, ship='partial''s pass over the V rows stays in the CPU branch."""
     from hybridgen.hybrid.cost import hybridgen_cost, hybridgen_variant_cost
     from hybridgen.perf import CostContext, as_model_shape, load_profile
 
     hw = load_profile(profile)
-    hw = dataclasses.replace(hw, gpu=dataclasses.replace(hw.gpu, emulated_on_host=emulated))  # the CPU's own 'gpu'
+    hw = _slow_gpu(dataclasses.replace(hw, gpu=dataclasses.replace(hw.gpu, emulated_on_host=emulated)), slow)
+    gpu_bound = []
     for batch, context in ((8, 32768), (1, 4096)):
         c = CostContext(as_model_shape("llama-3.1-8b"), Workload(batch=batch, context=context), hw)
         assert c.emulated == emulated
@@ -114,6 +125,12 @@ def test_the_three_way_cost_with_nothing_streamed_is_the_plain_split_cost(profil
                                          scan="bf16dot")
         assert variant.layer == pytest.approx(plain.layer, rel=1e-12)
         assert variant.attn == pytest.approx(plain.attn, rel=1e-12)
+        gpu_bound.append(plain.gpu > plain.cpu)
         streamed = hybridgen_variant_cost(c, 0.1, 0.05, three_way=True, stream_ratio=0.3, pipelined=pipelined,
                                           scan="bf16dot")
         assert streamed.layer != pytest.approx(plain.layer, rel=1e-6)  # and streaming does change it
+        if not pipelined:  # as hybridgen_cost: layer = rest + attn, the partial pass inside attn
+            partial = hybridgen_variant_cost(c, 0.1, 0.05, ship="partial", three_way=True, stream_ratio=0.0,
+                                             pipelined=False, scan="bf16dot")
+            assert partial.layer == pytest.approx(c.rest + partial.attn, rel=1e-12)
+    assert any(gpu_bound) == (slow > 1)  # the slow GPU does bound the layer

@@ -105,6 +105,7 @@ def test_speedup_cells_are_ratios_with_labels_oom_and_fidelity():
     rows = ps.speedups([ps.point(m, validation) for m in runs])
     by = {(r["case"], r["gpu"], r["baseline"]): r for r in rows}
     assert by[("template", "a100", "flexgen")]["speedup"] == pytest.approx(2.5)
+    assert not any(r["baseline"] == "hybridgen-b20" for r in rows)  # the stale preset is no baseline row
     assert by[("template", "h100", "flexgen")]["speedup"] == pytest.approx(0.5)
     assert by[("template", "a100", "flexgen")]["model_error_pct"] == pytest.approx(12.0)  # fitted rows left out
     assert by[("template", "a100", "flexgen")]["bound"] == "PCIe"

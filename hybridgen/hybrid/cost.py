@@ -233,11 +233,14 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     gpu_f = gpu + (c.gpu_keys(n) + c.gpu_values(n) if n else 0.0)
     # the GPU's work after the wait follows the CPU branch; its work before the wait (the share
     # and the streamed slice) runs beside the branch and the copy
-    before = c.overlap(c.overlap(cpu_f - exact, gpu_f - c.rest - after), copy_f)
-    if pipelined and not c.emulated:  # as hybridgen_cost: the exact recompute sits on both paths
-        layer = max(cpu_f, gpu_f + exact, copy_f)
+    # pipelined, the exact recompute (and ship='partial''s pass over the V rows) runs after the wait, on
+    # both paths; otherwise that pass is part of the CPU branch
+    post = exact if pipelined else 0.0
+    before = c.overlap(c.overlap(cpu_f - post, gpu_f - c.rest - after), copy_f)
+    if pipelined and not c.emulated:
+        layer = max(cpu_f, gpu_f + post, copy_f)
     else:  # concurrent branches, added where the 'gpu' is the host's own cores (CostContext.overlap)
-        layer = c.rest + before + exact + after
+        layer = c.rest + before + post + after
     bd.update(stream_ratio=f, streamed_tokens=f * S_h, stream_copy_s=copy_f,
               stream_bytes=c.B * f * S_h * c.kv_tok)
     label = "hybridgen" + ("-partial" if ship == "partial" else "") + ("-three-way" if three_way else "")
