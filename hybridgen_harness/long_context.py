@@ -266,7 +266,8 @@ def readme_block(t: pd.DataFrame, run: Dict[str, Any], where: str) -> str:
     n = ", ".join(f"{int(t[t['length'] == x]['n'].iloc[0])} at {_k(x)}" for x in lengths)
     prov = run.get("provenance") or {}
     model = ", ".join(x for x in (prov.get("model", run["arguments"]["model"]), prov.get("quantization")) if x)
-    lines = [f"**Long context** ({model}; {_documents(run)}, {n} documents; "
+    title = "Long context, RULER's needle tasks" if source_of(run) == "ruler" else "Long context"
+    lines = [f"**{title}** ({model}; {_documents(run)}, {n} documents; "
              f"`{where}`, generated from its `table.csv`). {summary(t)} Accuracy and, in brackets, the paired "
              "difference to `full` with its 95% interval (`*`: excludes 0):", "",
              "| method | budget | " + " | ".join(_k(x) for x in lengths) + f" | gpu KV vs full ({_k(lengths[-1])}, peak) |",

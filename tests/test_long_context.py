@@ -209,6 +209,7 @@ def test_a_ruler_run_scores_lm_evals_samples_as_lm_eval_does(tmp_path, capsys):
     lc.main(["--out", str(out), "--report", "--readme", str(readme)])
     spliced = readme.read_text()
     assert "needle block" in spliced and "OLD-RULER-BLOCK" not in spliced and "RULER tasks" in spliced
+    assert f"{begin}\n**Long context, RULER's needle tasks** (" in spliced  # told apart from the needle block
 
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "long_context" / "gemma3-270m"
