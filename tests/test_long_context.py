@@ -233,3 +233,15 @@ def test_the_readme_block_is_generated_from_the_committed_run():
     readme = (COMMITTED.parents[2] / "README.md").read_text()
     assert f"{report.README_BEGIN}\n{block}{report.README_END}" in readme
     assert t.groupby("length")["n"].min().min() >= 40  # the floor per context length
+
+
+COMMITTED_RULER = COMMITTED.parent / "gemma3-270m-ruler"
+
+
+@pytest.mark.skipif(not (COMMITTED_RULER / "table.csv").exists(), reason="no reported RULER run")
+def test_the_readme_ruler_block_is_generated_from_the_committed_ruler_run():
+    run = json.loads((COMMITTED_RULER / "run.json").read_text())
+    t = report.table(report.load(COMMITTED_RULER))
+    block = report.readme_block(t, run, "results/long_context/gemma3-270m-ruler")
+    begin, end = report.readme_markers("ruler")
+    assert f"{begin}\n{block}{end}" in (COMMITTED.parents[2] / "README.md").read_text()
