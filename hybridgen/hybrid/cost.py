@@ -231,10 +231,9 @@ def hybridgen_variant_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, s
     cpu_f = cpu - f * (bd.get("scan_s", 0.0) + bd.get("group_score_s", 0.0) + bd.get("topk_s", 0.0))
     copy_f = c.host_copy(c.B * n * c.kv_tok, tiers) if n else 0.0  # keys and values from their tiers
     gpu_f = gpu + (c.gpu_keys(n) + c.gpu_values(n) if n else 0.0)
-    # the GPU's work after the wait follows the CPU branch; its work before the wait (the share
-    # and the streamed slice) runs beside the branch and the copy
-    # pipelined, the exact recompute (and ship='partial''s pass over the V rows) runs after the wait, on
-    # both paths; otherwise that pass is part of the CPU branch
+    # before the wait the share and the streamed slice run beside the CPU branch and the copy; after
+    # it, the GPU's work follows the branch. Pipelined, the exact recompute (and ship='partial''s pass
+    # over the V rows) runs after the wait on both paths; otherwise that pass is part of the branch.
     post = exact if pipelined else 0.0
     before = c.overlap(c.overlap(cpu_f - post, gpu_f - c.rest - after), copy_f)
     if pipelined and not c.emulated:
