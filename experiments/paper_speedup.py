@@ -14,6 +14,8 @@ and writes next to them:
   and mean KL to ``full`` from the emulated run (real SmolLM2, same method code, same KV budget);
 - ``table.csv``: the same, one line per (case, GPU, baseline), every number;
 - ``speedup.png``: the speedups per GPU with the paper's 1.41x-3.2x band drawn;
+- the README's summary of ``table.csv`` (``hybridgen_harness.speedup_summary``), when the results
+  directory is the repository's ``results/``;
 - ``provenance.json``: this command, the code version(s) of the runs and of this script, the
   experiment's resolved settings per case, and the date.
 
@@ -304,6 +306,16 @@ def main(argv=None) -> None:
         w.writeheader()
         w.writerows(rows)
     figure(rows, out / "speedup.png")
+    if out.resolve() == (_ROOT / "results" / EXP).resolve():  # the committed table: its README summary too
+        from hybridgen_harness import speedup_summary
+        from hybridgen_harness.result_tables import splice
+
+        readme = _ROOT / "README.md"
+        table = speedup_summary.load_table(out / "table.csv")
+        text = splice(readme.read_text(), speedup_summary.readme_block(table), speedup_summary.README_BEGIN,
+                      speedup_summary.README_END)
+        readme.write_text(splice(text, speedup_summary.verdict(table), speedup_summary.VERDICT_BEGIN,
+                                 speedup_summary.VERDICT_END))
     cases = {}
     for pt in pts:
         cases.setdefault(pt["case"], {k: pt[k] for k in ("model", "dtype", "batch", "prompt", "gen")})

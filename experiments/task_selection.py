@@ -41,12 +41,7 @@ def load_runs(root: Path) -> Tuple[Dict[str, Dict[Item, float]], Dict[Item, int]
         if label in runs:
             label += " " + json.dumps(method.get("params") or {}, sort_keys=True)
         runs[label] = paired.item_scores(samples)
-        with open(samples) as fh:
-            for line in fh:
-                row = json.loads(line) if line.strip() else {}
-                n = len((row.get("doc") or {}).get("choices") or [])
-                if n:
-                    choices[(row["task"], int(row["doc_id"]))] = n
+        choices.update(paired.item_choices(samples))
     return runs, choices
 
 

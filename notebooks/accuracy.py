@@ -17,7 +17,6 @@
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from hybridgen_harness import plotdata
@@ -25,60 +24,20 @@ from hybridgen_harness import plotdata
 acc = plotdata.runs("accuracy")
 
 # %%
-def score_cols(df):
-    """(task, column) of the headline metric per task: acc_norm for multiple choice, exact_match
-    for the needle, word perplexity for rolling perplexity."""
-    out = []
-    for c in sorted(df.columns):
-        if c.startswith("accuracy.") and c.count(".") == 2:
-            _, task, metric = c.split(".")
-            if metric in ("acc_norm", "exact_match", "word_perplexity"):
-                out.append((task, c))
-    return out
-
-
-def default_budget(name):
-    """The budget a method has at its dataclass defaults (None: no budget parameter)."""
-    from hybridgen.methods import build_method
-
-    return build_method(name).config().get("budget")
-
-
-def method_label(row):
-    """The method's name, plus what sets its row apart from the method at its defaults: a fixed
-    top-k ratio (hybridgen-b20) or a budget other than the method's default (shadowkv-b20)."""
-    name = row["method.name"]
-    extra = []
-    ratio = row.get("method.params.topk_ratio")
-    if isinstance(ratio, float) and ratio == ratio:
-        extra.append(f"topk {ratio:g}")
-    budget = row.get("method.params.budget")
-    if isinstance(budget, str) and budget != default_budget(name):
-        extra.append(f"budget {budget}")
-    return name + (f" ({', '.join(extra)})" if extra else "")
-
-
 if acc is not None:
     from hybridgen.eval import paired
+    from hybridgen_harness import accuracy_summary
+    from hybridgen_harness.result_tables import splice
 
     # per-item scores of every run: paired comparison against `full` on the same items
-    item_runs = {}
-    for d in plotdata.run_dirs("accuracy"):
-        m = plotdata.load_json(d / "metrics.json")
-        row = {"method.name": m["method"]["name"], "method.params.topk_ratio": m["method"]["params"].get("topk_ratio"),
-               "method.params.budget": m["method"]["params"].get("budget")}
-        if (d / "samples.jsonl").exists():
-            item_runs[method_label(row)] = paired.item_scores(d / "samples.jsonl")
+    runs = accuracy_summary.load(plotdata.run_dirs("accuracy"))
+    item_runs = {r.label: r.scores for r in runs}
     comparisons = paired.compare(item_runs, "full", margin=0.02)
     order = ["full"] + sorted(k for k in item_runs if k != "full")
     paired_md = paired.markdown(comparisons, "full", margin=0.02, order=order)
     # what has no per-item 0/1 score: perplexity and fidelity of the decode-scored tokens
-    table = pd.DataFrame({"method": [method_label(r) for _, r in acc.iterrows()]})
-    for task, c in score_cols(acc):
-        if "ppl" in task:
-            table[task] = acc[c].values
-    table["top1 vs full"] = acc.get("fidelity.top1_agreement")
-    table["KL vs full"] = acc.get("fidelity.mean_kl")
+    table = pd.DataFrame([{"method": r.label, **r.perplexity, "top1 vs full": r.top1, "KL vs full": r.kl}
+                          for r in runs])
     table = table.sort_values("method", key=lambda m: m.map(lambda x: (x != "full", x))).reset_index(drop=True)
     print(paired_md)
     print(table.to_string())
@@ -96,6 +55,11 @@ if acc is not None:
     md.write_text(header + paired_md + "\n\nPerplexity (word perplexity, lower is better) and fidelity of every "
                   "decode-scored token to the dense pass:\n\n" + extra + "\n")
     print(f"wrote {md}")
+    readme = plotdata.repo_root() / "README.md"
+    if plotdata.results_dir().resolve() == (plotdata.repo_root() / "results").resolve() and readme.exists():
+        readme.write_text(splice(readme.read_text(), accuracy_summary.readme_block(runs),
+                                 accuracy_summary.README_BEGIN, accuracy_summary.README_END))
+        print(f"wrote the accuracy summary into {readme}")
 
 # %% [markdown]
 # ## Fidelity vs KV budget and vs GPU memory (`+exp=budget_sweep`)

@@ -46,6 +46,19 @@ def item_scores(samples: Path) -> Dict[Item, float]:
     return out
 
 
+def item_choices(samples: Path) -> Dict[Item, int]:
+    """{(task, doc_id): number of answer choices} of one run's ``samples.jsonl`` (multiple-choice
+    items only); chance on a task is the mean of 1 / choices over its items."""
+    out: Dict[Item, int] = {}
+    with open(samples) as fh:
+        for line in fh:
+            row = json.loads(line) if line.strip() else {}
+            n = len((row.get("doc") or {}).get("choices") or [])
+            if n:
+                out[(row["task"], int(row["doc_id"]))] = n
+    return out
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One (method, task) against the reference on the items both were scored on.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -100,6 +100,12 @@ def check_checkpoint(name_or_path: Union[str, Path], weights: str = "real") -> N
         from hybridgen.model import cache_integrity
 
         cache_integrity.verify(path)  # sizes, and hashes on this process's first check
+
+
+def provenance(name: str) -> Optional[Dict[str, str]]:
+    """What the offline real model ``name`` is made from (model, base model, quantization,
+    package), to be stated wherever its numbers appear; None for any other model."""
+    return {smollm2.MODEL_NAME: smollm2.PROVENANCE, gemma3.MODEL_NAME: gemma3.PROVENANCE}.get(name)
 
 
 def _resolve(name_or_path: Union[str, Path], weights: str):
