@@ -8,7 +8,9 @@ these with ``offloaded_kept_cost`` (:meth:`hybridgen.methods.evicting.EvictingMe
   h2o             attn = gpu_attn(r*S) + score update (B*Hq*r*S*4*2 / hbm)
   snapkv          attn = gpu_attn(r*S)
   streamingllm    attn = gpu_attn(min(S, max(r*S, sinks)))
-  quest           attn = page bounds (B*Hkv*(S/page)*2*D*b / attention_gbps) + gpu_attn(r*S)
+  quest           attn = page bounds (B*Hkv*(S/page)*2*D*b / attention_gbps)
+                         + gather of the selected rows (2*B*r*S*kv_tok / hbm) + gpu_attn(r*S);
+                         the first dense_layers layers gpu_attn(S): the mean over the layers
 """
 from __future__ import annotations
 
@@ -38,8 +40,16 @@ def streamingllm_cost(c: "CostContext", budget_ratio: float, sinks: int) -> "Lay
     return gpu_resident_cost(c, min(c.S, max(budget_ratio * c.S, sinks)), label="streamingllm")
 
 
-def quest_cost(c: "CostContext", budget_ratio: float, page_size: int) -> "LayerCost":
-    """Quest: page-bound scoring over every page, then attention over the selected pages."""
+def quest_cost(c: "CostContext", budget_ratio: float, page_size: int, dense_layers: int = 0) -> "LayerCost":
+    """Quest: page-bound scoring over every page, the selected pages' K and V rows gathered
+    (``gather_tokens``: read and written once), then attention over them; the first
+    ``dense_layers`` of the model's layers attend densely, so the per-layer cost is the mean
+    over the layers."""
     pages = math.ceil(c.S / page_size)
+    n = budget_ratio * c.S
     bounds = c.B * c.Hkv * pages * 2 * c.D * c.b / (c.hw.gpu.attention_gbps * 1e9) + c.launch
-    return gpu_resident_cost(c, budget_ratio * c.S, bounds, resident=c.S + 2 * pages, label="quest")
+    gather = 2 * c.B * n * c.kv_tok / (c.hw.gpu.hbm_gbps * 1e9) + 2 * c.launch
+    layers = c.shape.num_layers
+    sparse = (layers - min(dense_layers, layers)) / layers
+    return gpu_resident_cost(c, sparse * n + (1 - sparse) * c.S, sparse * (bounds + gather),
+                             resident=c.S + 2 * pages, label="quest")

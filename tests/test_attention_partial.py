@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hybridgen.attention import attention_logits, dense_attention_reference, merge_partials, partial_attention
+from hybridgen.attention.partial import head_matmul
 from tests._attention_cases import TOL, random_case, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -44,6 +45,31 @@ def test_partial_attention_matches_reference(seed, dtype):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)  # -inf exactly where no key is visible
     assert rel_err(lse[finite], ref_lse[finite]) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seed", range(6))
+def test_reduced_precision_over_a_capacity_view(seed, dtype):
+    """A KV segment's [:, :, :T] view of its capacity takes head_matmul's per-head path on the
+    CPU: the same result as one batched matmul over contiguous copies, and partial_attention
+    over the view still matches the float64 reference."""
+    c = random_case(seed, dtype, Tq=1 + seed % 2)
+    B, Hkv, T, D = c.k.shape
+    spare = 3 + seed
+
+    def capacity_view(x):
+        buf = torch.randn(B, Hkv, T + spare, D).to(dtype)
+        buf[:, :, :T] = x
+        return buf[:, :, :T]
+
+    k, v = capacity_view(c.k), capacity_view(c.v)
+    assert k.is_contiguous() == (B * Hkv == 1)  # one (sequence, head): the view is packed anyway
+    qg = c.q.reshape(B, Hkv, -1, D)
+    assert torch.equal(head_matmul(qg, k.transpose(-1, -2)), torch.matmul(qg, c.k.transpose(-1, -2)))
+    p = torch.randn(B, Hkv, qg.shape[2], T).to(dtype)
+    assert torch.equal(head_matmul(p, v), torch.matmul(p, c.v))
+    out, _ = partial_attention(c.q, k, v, c.scale, c.mask)
+    assert rel_err(out, dense_attention_reference(c.q, c.k, c.v, c.scale, c.mask)) < TOL[torch.bfloat16]
 
 
 def test_partial_attention_empty_and_all_masked():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from baselines import quant
-from hybridgen.methods.tensors import attend_with_new, causal_attention_colsum
+from hybridgen.methods.tensors import attend_with_new, causal_attention_colsum, gather_tokens
 from hybridgen.methods.tiered import TierBuffer, held_bytes_by_tier
 from hybridgen.attention import dense_attention_reference
 from hybridgen.errors import ConfigError
@@ -56,6 +56,22 @@ def test_attend_with_new_matches_reference(G):
     assert torch.allclose(out.double(), ref, atol=1e-5)
     assert torch.allclose(probs.sum(-1), torch.ones(B, Hkv * G), atol=1e-5)
     assert bool((probs[..., :n].view(B, Hkv, G, n)[~mask[:, :, None, :].expand(B, Hkv, G, n)] == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,H,T,D,n,spare", [(1, 1, 5, 4, 3, 0), (2, 3, 17, 8, 5, 3), (3, 2, 9, 16, 9, 0)])
+def test_gather_tokens_takes_rows_by_index(dtype, B, H, T, D, n, spare):
+    """gather_tokens' row copy (a capacity view included) picks what a per-element loop picks;
+    a layout whose rows are not contiguous takes torch.gather; a bad index raises."""
+    g = torch.Generator().manual_seed(B * 100 + T)
+    x = torch.randn(B, H, T + spare, D, generator=g).to(dtype)[:, :, :T]
+    idx = torch.randint(0, T, (B, H, n), generator=g)
+    want = torch.stack([torch.stack([x[b, h, idx[b, h]] for h in range(H)]) for b in range(B)])
+    assert torch.equal(gather_tokens(x, idx), want)
+    y = x.transpose(2, 3).contiguous().transpose(2, 3)  # rows strided by 1 element, not contiguous
+    assert torch.equal(gather_tokens(y, idx), want)
+    with pytest.raises((IndexError, RuntimeError)):
+        gather_tokens(x, idx.clone().fill_(T))
 
 
 def test_causal_colsum_matches_naive():

@@ -214,3 +214,18 @@ def test_profile_without_gpu_cannot_predict():
     prof = pm.profile_from_dict(raw)
     with pytest.raises(ConfigError, match="gpu"):
         pm.predict_step("full", LLAMA8B, pm.Workload(), prof)
+
+
+def test_quest_prices_its_dense_layers_and_its_gather():
+    """Quest's first dense_layers attend densely: the per-layer attention is the mean over the
+    model's layers: all layers dense cost attention over the whole context and nothing of
+    Quest's own, and each dense layer trades Quest's own work for (S - r*S) more tokens."""
+    w, hw = pm.Workload(context=32768), "h200-host"
+    att = {d: pm.predict_step(variant("quest", dense_layers=d), LLAMA8B, w, hw).attention_layer_s for d in (0, 2, 32)}
+    assert att[0] < att[2] < att[32]
+    c = pm.CostContext(LLAMA8B, w, pm.load_profile(hw))
+    assert att[32] == pytest.approx(c.gpu_attn(c.S), rel=1e-9)
+    per_token = c.gpu_attn(2.0) - c.gpu_attn(1.0)
+    own = att[0] - c.gpu_attn(0.2 * c.S)  # the page bounds and the gather: Quest's own work
+    assert att[2] == pytest.approx(att[0] + 2 / 32 * (0.8 * c.S * per_token - own), rel=1e-6)
+    assert own > 2 * 0.2 * c.S * c.kv_tok / (c.hw.gpu.hbm_gbps * 1e9)  # the gather is priced

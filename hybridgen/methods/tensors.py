@@ -21,8 +21,27 @@ def needs_mask(valid: Optional[Tensor]) -> bool:
 
 
 def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
-    """x [B, H, T, D], idx [B, H, n] -> [B, H, n, D]."""
-    return torch.gather(x, 2, idx[..., None].expand(-1, -1, -1, x.shape[-1]))
+    """x [B, H, T, D], idx [B, H, n] -> [B, H, n, D]: row ``idx[b, h, j]`` of x[b, h].
+
+    Rows of D contiguous elements (a KV segment and its capacity views) are copied by ONE
+    ``index_select`` over the rows of x's storage: measured on this machine (2 threads, fp32,
+    8 heads x 1,632 of 8,192 tokens, D=128) 0.67 ms against 3.5 ms for ``torch.gather``, whose
+    index is expanded to every element (B=4: 5.7 against 14.3 ms; bf16 0.45 / 2.3 against
+    3.7 / 15.4 ms). Any other layout, and CUDA (not measured there), takes ``torch.gather``.
+    An index outside [0, T) raises IndexError, as torch.gather does.
+    """
+    B, H, T, D = x.shape
+    sb, sh, st, sd = x.stride()
+    if (x.is_cuda or x.numel() == 0 or idx.numel() == 0 or tuple(idx.shape[:2]) != (B, H)
+            or sd != 1 or st != D or sb % D or sh % D):
+        return torch.gather(x, 2, idx[..., None].expand(-1, -1, -1, D))
+    if int(idx.min()) < 0 or int(idx.max()) >= T:
+        raise IndexError(f"gather_tokens: token index out of range [0, {T})")
+    rows = torch.as_strided(x, ((B - 1) * (sb // D) + (H - 1) * (sh // D) + T, D), (D, 1))
+    base = (torch.arange(B, device=idx.device) * (sb // D))[:, None, None] + \
+        (torch.arange(H, device=idx.device) * (sh // D))[None, :, None]
+    n = idx.shape[-1]
+    return rows.index_select(0, (base + idx).reshape(-1)).view(B, H, n, D)
 
 
 def gather_mask(valid: Optional[Tensor], idx: Tensor) -> Optional[Tensor]:
