@@ -4,10 +4,13 @@ Used by ``python -m hybridgen_harness.profile`` (:mod:`hybridgen_harness.profile
 writes the profile) and by the performance model's in-process validation
 (:mod:`hybridgen_harness.perf.local_rows`). Every rate is GB/s of the bytes a kernel reads, the median
 of ``reps`` timed repetitions after one warm-up, at the decode shape of a Llama-3.1-8B layer
-(``SHAPE``: batch 8, 32 query heads, 8 KV heads, head dim 128) unless a shape is given.
+(``SHAPE``: batch 8, 32 query heads, 8 KV heads, head dim 128) unless a shape is given. The
+kernels that read KV (attention, key scans, row gathers) cycle over copies of it that together
+exceed the caches (:func:`cold`, ``COLD_BYTES``), so a small shape is not timed from L3.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -22,6 +25,9 @@ import torch
 from hybridgen.timing import median_time
 
 SHAPE = {"batch": 8, "heads": 32, "kv_heads": 8, "head_dim": 128}
+#: the working set a rate is measured over: larger than the caches (this machine's L3 is 32 MiB),
+#: so that a kernel reads its KV from memory, as a decode step does
+COLD_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,17 @@ def measure_numa_nodes(cfg: ProfileConfig) -> List[Dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ CPU attention kernels
+def cold(tensors, min_bytes: int = COLD_BYTES):
+    """A function returning, at each call, the next of enough copies of ``tensors`` (a tuple)
+    that cycling through them touches at least ``min_bytes``: each call's data was last read
+    min_bytes ago, so it comes from memory, not the caches (one copy, the tensors themselves,
+    when they are that large already)."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    copies = max(1, math.ceil(min_bytes / max(1, nbytes)))
+    sets = [tuple(tensors)] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
+    nxt = itertools.cycle(sets).__next__
+    return nxt
+
 def decode_inputs(tokens: int, dtype: torch.dtype, device: str = "cpu", shape: Optional[Dict[str, int]] = None):
     sh = shape or SHAPE
     B, Hq, Hkv, D = sh["batch"], sh["heads"], sh["kv_heads"], sh["head_dim"]
@@ -137,17 +154,20 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
     for name in dtypes:
         q, k, v = decode_inputs(cfg.cpu_tokens, names[name], shape=sh)
         kv_bytes = 2 * k.numel() * k.element_size()
-        attn[name] = gbps(kv_bytes, median_time(lambda: partial_attention(q, k, v, scale), cfg.reps))
+        kv = cold((k, v))
+        attn[name] = gbps(kv_bytes, median_time(lambda: partial_attention(q, *kv(), scale), cfg.reps))
+        del kv
+        keys = cold((k,))
         try:
             from hybridgen.attention.cpu_scan import resolve_backend, scan_logits
 
             backend = resolve_backend("auto", k.dtype)
-            fn = lambda: scan_logits(q, k, scale, backend=backend)  # noqa: E731
+            fn = lambda: scan_logits(q, keys()[0], scale, backend=backend)  # noqa: E731
         except ImportError:
             from hybridgen.attention.partial import attention_logits
 
             backend = "torch-matmul"
-            fn = lambda: attention_logits(q, k, scale)  # noqa: E731
+            fn = lambda: attention_logits(q, keys()[0], scale)  # noqa: E731
         scan[name] = gbps(k.numel() * k.element_size(), median_time(fn, cfg.reps))
         scan_backend[name] = backend
         if torch.cuda.is_available():  # the code pins host KV when CUDA exists: measure that too
@@ -160,7 +180,8 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
             scan_pinned[name] = gbps(k.numel() * k.element_size(), median_time(pfn, cfg.reps))
             del kp, vp
         if name == "bf16":
-            bf16dot = _bf16dot_scan_gbps(q, k, scale, cfg.reps)
+            bf16dot = _bf16dot_scan_gbps(q, keys, scale, cfg.reps)
+        del keys
         if not sketch:  # the sketch scan reads its codes, whatever the keys' dtype
             sketch = _sketch_gbps(q, k, cfg.reps)
             select_rate = _select_gbps(q, k, cfg.reps)
@@ -179,16 +200,17 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
             "op_us": measure_op_us(cfg.reps)}
 
 
-def _bf16dot_scan_gbps(q: torch.Tensor, keys: torch.Tensor, scale: float, reps: int) -> Optional[float]:
-    """GB/s of bf16 keys [B, Hkv, T, D] through the bf16-dot selection scan (HybridGen's default
-    ``scan``; None where the C kernels are not built)."""
+def _bf16dot_scan_gbps(q: torch.Tensor, keys, scale: float, reps: int) -> Optional[float]:
+    """GB/s of bf16 keys [B, Hkv, T, D] (``keys()[0]``: :func:`cold` copies) through the bf16-dot
+    selection scan (HybridGen's default ``scan``; None where the C kernels are not built)."""
     from hybridgen.attention import native
     from hybridgen.attention.cpu_scan import scan_logits_stats
 
     if native.lib() is None:
         return None
-    return gbps(keys.numel() * keys.element_size(),
-                median_time(lambda: scan_logits_stats(q, keys, scale, precision="bf16dot"), reps))
+    k = keys()[0]
+    return gbps(k.numel() * k.element_size(),
+                median_time(lambda: scan_logits_stats(q, keys()[0], scale, precision="bf16dot"), reps))
 
 
 def _group_score_gbps(logits: torch.Tensor, kv_heads: int, reps: int) -> Optional[float]:
@@ -211,7 +233,8 @@ def _gather_gbps(values: torch.Tensor, reps: int) -> Optional[float]:
     k = max(1, T // 20)
     idx = torch.stack([torch.randperm(T)[:k] for _ in range(B * Hkv)]).view(B, Hkv, k)
     nbytes = B * Hkv * k * D * values.element_size()
-    return gbps(nbytes, median_time(lambda: gather_rows(values, idx), reps))
+    rows = cold((values,))
+    return gbps(nbytes, median_time(lambda: gather_rows(rows()[0], idx), reps))
 
 
 def _select_gbps(q: torch.Tensor, keys: torch.Tensor, reps: int) -> Optional[float]:

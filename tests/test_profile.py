@@ -89,3 +89,20 @@ def test_multi_node_measurement_runs_one_pinned_child_per_node(monkeypatch):
     assert [n["kind"] for n in nodes] == ["dram", "cxl"]
     assert all(n["cpus"] == len(cpus) for n in nodes)  # the CPU-less node is read from node 0's CPUs
     assert all(n["read_gbps"] is None and "error" in n for n in nodes)
+
+
+def test_cold_cycles_over_copies_larger_than_the_caches():
+    """profile_host.cold: consecutive calls hand out distinct copies (equal values) whose bytes
+    together reach min_bytes, then start over; a tensor that large already is not copied."""
+    from hybridgen_harness.profile_host import cold
+
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    per_set = 2 * k.numel() * 4
+    nxt = cold((k, v), min_bytes=5 * per_set - 1)
+    sets = [nxt() for _ in range(6)]
+    assert sets[0][0] is k and sets[0][1] is v and sets[5][0] is k  # 5 sets, then the first again
+    ptrs = {s[0].data_ptr() for s in sets[:5]}
+    assert len(ptrs) == 5
+    assert all(torch.equal(s[0], k) and torch.equal(s[1], v) for s in sets)
+    big = cold((k,), min_bytes=k.numel() * 4)
+    assert big()[0] is k and big()[0] is k
