@@ -154,20 +154,18 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
     for name in dtypes:
         q, k, v = decode_inputs(cfg.cpu_tokens, names[name], shape=sh)
         kv_bytes = 2 * k.numel() * k.element_size()
-        kv = cold((k, v))
-        attn[name] = gbps(kv_bytes, median_time(lambda: partial_attention(q, *kv(), scale), cfg.reps))
-        del kv
+        attn[name] = gbps(kv_bytes, median_time(lambda kv=cold((k, v)): partial_attention(q, *kv(), scale), cfg.reps))
         keys = cold((k,))
         try:
             from hybridgen.attention.cpu_scan import resolve_backend, scan_logits
 
             backend = resolve_backend("auto", k.dtype)
-            fn = lambda: scan_logits(q, keys()[0], scale, backend=backend)  # noqa: E731
+            fn = lambda nxt=keys: scan_logits(q, nxt()[0], scale, backend=backend)  # noqa: E731
         except ImportError:
             from hybridgen.attention.partial import attention_logits
 
             backend = "torch-matmul"
-            fn = lambda: attention_logits(q, keys()[0], scale)  # noqa: E731
+            fn = lambda nxt=keys: attention_logits(q, nxt()[0], scale)  # noqa: E731
         scan[name] = gbps(k.numel() * k.element_size(), median_time(fn, cfg.reps))
         scan_backend[name] = backend
         if torch.cuda.is_available():  # the code pins host KV when CUDA exists: measure that too
@@ -181,7 +179,7 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
             del kp, vp
         if name == "bf16":
             bf16dot = _bf16dot_scan_gbps(q, keys, scale, cfg.reps)
-        del keys
+        keys = fn = None  # free the copies
         if not sketch:  # the sketch scan reads its codes, whatever the keys' dtype
             sketch = _sketch_gbps(q, k, cfg.reps)
             select_rate = _select_gbps(q, k, cfg.reps)
@@ -192,7 +190,7 @@ def measure_cpu_kernels(cfg: ProfileConfig, dtypes=("bf16", "fp32"), shape: Opti
                          median_time(lambda: torch.topk(logits, kk, dim=-1, sorted=False), cfg.reps))
             group = _group_score_gbps(logits, sh["kv_heads"], cfg.reps)
             gather = _gather_gbps(v, cfg.reps)
-        del q, k, v
+        q = k = v = None  # free this dtype's inputs
     return {"cpu_attention_gbps": attn, "key_scan_gbps": scan, "key_scan_backend": scan_backend, "topk_gbps": topk,
             "group_score_gbps": group, "gather_gbps": gather, "key_scan_pinned_gbps": scan_pinned,
             "cpu_attention_pinned_gbps": attn_pinned, "key_sketch_gbps": sketch, "select_gbps": select_rate,
@@ -210,7 +208,7 @@ def _bf16dot_scan_gbps(q: torch.Tensor, keys, scale: float, reps: int) -> Option
         return None
     k = keys()[0]
     return gbps(k.numel() * k.element_size(),
-                median_time(lambda: scan_logits_stats(q, keys()[0], scale, precision="bf16dot"), reps))
+                median_time(lambda nxt=keys: scan_logits_stats(q, nxt()[0], scale, precision="bf16dot"), reps))
 
 
 def _group_score_gbps(logits: torch.Tensor, kv_heads: int, reps: int) -> Optional[float]:
@@ -234,7 +232,7 @@ def _gather_gbps(values: torch.Tensor, reps: int) -> Optional[float]:
     idx = torch.stack([torch.randperm(T)[:k] for _ in range(B * Hkv)]).view(B, Hkv, k)
     nbytes = B * Hkv * k * D * values.element_size()
     rows = cold((values,))
-    return gbps(nbytes, median_time(lambda: gather_rows(rows()[0], idx), reps))
+    return gbps(nbytes, median_time(lambda nxt=rows: gather_rows(nxt()[0], idx), reps))
 
 
 def _select_gbps(q: torch.Tensor, keys: torch.Tensor, reps: int) -> Optional[float]:
