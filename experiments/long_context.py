@@ -248,7 +248,7 @@ def run(args) -> Path:
 @cli_errors
 def main(argv=None) -> None:
     args = _arguments(argv)
-    from hybridgen_harness.long_context import readme_markers, source_of, write_report
+    from hybridgen_harness.long_context import block_owner, readme_markers, source_of, write_report
 
     out = Path(args.out)
     if args.report and not (out / RUN).exists():
@@ -263,6 +263,11 @@ def main(argv=None) -> None:
     if readme is not None and not all(m in readme.read_text() for m in readme_markers(source)):
         raise ConfigError(f"{readme} has no {source} summary markers ({readme_markers(source)[0]}); add them "
                           "where the block goes, or pass --no-readme")  # checked before hours of runs
+    owner = block_owner(readme.read_text(), source) if readme is not None and not args.readme else None
+    if owner is not None and (readme.parent / owner).resolve() != out.resolve():  # another run's summary: kept unless asked
+        print(f"note: {readme} summarises {owner} between its {source} markers; left as it is "
+              f"(--readme {readme} replaces it with this run's)")
+        readme = None
     if not args.report:
         run(args)
     print(write_report(out, readme))

@@ -245,3 +245,16 @@ def test_the_readme_ruler_block_is_generated_from_the_committed_ruler_run():
     block = report.readme_block(t, run, "results/long_context/gemma3-270m-ruler")
     begin, end = report.readme_markers("ruler")
     assert f"{begin}\n{block}{end}" in (COMMITTED.parents[2] / "README.md").read_text()
+
+
+def test_block_owner_names_the_run_a_readme_block_summarises():
+    """experiments/long_context.py --report replaces the README's block only for the run it names
+    (another run folder, e.g. a 16K-only run, leaves it unless --readme is given)."""
+    from hybridgen_harness.long_context import README_BEGIN, README_END, block_owner, readme_markers
+
+    text = (f"intro\n{README_BEGIN}\n**Long context** (...; `results/long_context/gemma3-270m`, generated from "
+            f"its `table.csv`). ...\n{README_END}\nrest")
+    assert block_owner(text, "needle") == "results/long_context/gemma3-270m"
+    assert block_owner(text, "ruler") is None  # no ruler block in this text
+    begin, end = readme_markers("ruler")
+    assert block_owner(f"{begin}\nnothing named\n{end}", "ruler") is None
