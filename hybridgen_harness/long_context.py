@@ -52,13 +52,17 @@ def readme_markers(source: str) -> Tuple[str, str]:
             "folder) -->", f"<!-- end long_context_{source} -->")
 
 
+#: how a README block names the run folder it summarises (written by readme_block, read by block_owner)
+OWNER = "`{}`, generated from its `table.csv`"
+
+
 def block_owner(text: str, source: str) -> Optional[str]:
     """The run folder (as the block names it, relative to the README) whose summary the README
     ``text`` holds between ``source``'s markers; None when there is no block or it names none."""
     begin, end = readme_markers(source)
     if begin not in text or end not in text:
         return None
-    m = re.search(r"`([^`]+)`, generated from its `table.csv`", text.split(begin, 1)[1].split(end, 1)[0])
+    m = re.search(re.escape(OWNER).replace(r"\{\}", "([^`]+)"), text.split(begin, 1)[1].split(end, 1)[0])
     return m.group(1) if m else None
 
 
@@ -280,7 +284,7 @@ def readme_block(t: pd.DataFrame, run: Dict[str, Any], where: str) -> str:
     model = ", ".join(x for x in (prov.get("model", run["arguments"]["model"]), prov.get("quantization")) if x)
     title = "Long context, RULER's needle tasks" if source_of(run) == "ruler" else "Long context"
     lines = [f"**{title}** ({model}; {_documents(run)}, {n} documents; "
-             f"`{where}`, generated from its `table.csv`). {summary(t)} Accuracy and, in brackets, the paired "
+             f"{OWNER.format(where)}). {summary(t)} Accuracy and, in brackets, the paired "
              "difference to `full` with its 95% interval (`*`: excludes 0):", "",
              "| method | budget | " + " | ".join(_k(x) for x in lengths) + f" | gpu KV vs full ({_k(lengths[-1])}, peak) |",
              "|---|---|" + "---|" * (len(lengths) + 1)]

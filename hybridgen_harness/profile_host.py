@@ -125,8 +125,8 @@ def cold(tensors, min_bytes: int = COLD_BYTES):
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     copies = max(1, math.ceil(min_bytes / max(1, nbytes)))
     sets = [tuple(tensors)] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
-    nxt = itertools.cycle(sets).__next__
-    return nxt
+    return itertools.cycle(sets).__next__
+
 
 def decode_inputs(tokens: int, dtype: torch.dtype, device: str = "cpu", shape: Optional[Dict[str, int]] = None):
     sh = shape or SHAPE

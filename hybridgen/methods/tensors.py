@@ -35,7 +35,8 @@ def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
     if (x.is_cuda or x.numel() == 0 or idx.numel() == 0 or tuple(idx.shape[:2]) != (B, H)
             or sd != 1 or st != D or sb % D or sh % D):
         return torch.gather(x, 2, idx[..., None].expand(-1, -1, -1, D))
-    if int(idx.min()) < 0 or int(idx.max()) >= T:
+    lo, hi = torch.aminmax(idx)
+    if int(lo) < 0 or int(hi) >= T:
         raise IndexError(f"gather_tokens: token index out of range [0, {T})")
     rows = torch.as_strided(x, ((B - 1) * (sb // D) + (H - 1) * (sh // D) + T, D), (D, 1))
     base = (torch.arange(B, device=idx.device) * (sb // D))[:, None, None] + \
