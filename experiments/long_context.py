@@ -198,8 +198,13 @@ def run(args) -> Path:
         docs = ruler_docs.build_docs(args.variants, args.lengths, args.samples, engine.tokenizer.name_or_path,
                                      args.seed)
     else:
+        # a length at the model's limit leaves room for the answer (the id keeps the nominal length)
+        room = engine.spec.max_positions - max(NEW_TOKENS.values())
+        if max(args.lengths) > room:
+            print(f"prompts of more than {room} tokens are built to {room}: {engine.spec.max_positions} positions "
+                  f"less the longest answer ({max(NEW_TOKENS.values())} tokens)", flush=True)
         docs = needle.build_docs(corpus, args.lengths, args.depths, args.samples, engine.tokenizer, args.seed,
-                                 args.variants)
+                                 args.variants, max_tokens=room)
     docs = [d for d in docs if any(fnmatch.fnmatchcase(d["id"], pat) for pat in _csv(args.docs))]
     if not docs:
         raise ConfigError(f"--docs {args.docs!r} matches no document id (ids look like "

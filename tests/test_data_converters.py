@@ -147,6 +147,16 @@ def test_needle_docs_lengths_depths_and_answer():
         assert abs(rel - d["depth"] / 100) < 0.1
     again = needle.build_docs(corpus, lengths=[600, 1200], depths=[0, 50, 100], samples=2, tokenizer=_CharTok(), seed=3)
     assert [d["prompt"] for d in docs] == [d["prompt"] for d in again]
+    # a cap (a model's positions less the answer): longer cells are built to it, ids and needles kept
+    capped = needle.build_docs(corpus, lengths=[600, 1200], depths=[0, 50, 100], samples=2, tokenizer=_CharTok(),
+                               seed=3, max_tokens=900)
+    assert [d["id"] for d in capped] == [d["id"] for d in docs]
+    for d, c in zip(docs, capped):
+        assert (c["length"], c["answer"], c["city"]) == (d["length"], d["answer"], d["city"])
+        if d["length"] <= 900:
+            assert c["prompt"] == d["prompt"]
+        else:
+            assert 900 - 40 <= c["tokens"] <= 900 < d["tokens"]
 
 
 def test_needle_score():

@@ -20,7 +20,7 @@ Choices where the original test (gkamradt's needle-in-a-haystack) differs or is 
 from __future__ import annotations
 
 import random
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 CITIES = ["Chicago", "Yangon", "Antananarivo", "Colombo", "Almaty", "Sydney", "Mexico City", "Seattle",
           "Lagos", "Amsterdam", "Belgrade", "Cairo", "Baghdad", "Damascus", "Kigali", "Dakar", "Sofia",
@@ -67,12 +67,17 @@ def _needles(rng: random.Random, variant: str, depth: float):
 
 
 def build_docs(corpus: str, lengths: Sequence[int], depths: Sequence[float], samples: int = 1,
-               tokenizer=None, seed: int = 0, variants: Sequence[str] = ("single",)) -> List[dict]:
+               tokenizer=None, seed: int = 0, variants: Sequence[str] = ("single",),
+               max_tokens: Optional[int] = None) -> List[dict]:
     """Needle docs: {"id", "length", "depth", "sample", "variant", "prompt", "answer", "city", "tokens"}.
 
     corpus: the haystack text (e.g. all essays). lengths: prompt lengths in tokens.
     depths: needle positions in percent (0 = start, 100 = end of the haystack). variants: see the
     module docstring; answer: the number, or the numbers separated by spaces (multivalue).
+    max_tokens: at most this many prompt tokens (e.g. the model's positions less the answer's
+    tokens, so a 32K cell fits a 32K model): a longer length is built to ``max_tokens``, its id
+    and ``length`` keep the nominal length and ``tokens`` what it holds. The needles and
+    haystack starts drawn do not depend on it.
     """
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
@@ -87,7 +92,8 @@ def build_docs(corpus: str, lengths: Sequence[int], depths: Sequence[float], sam
                 city, needles, answer = _needles(rng, variant, depth)
                 question = (QUESTION_ALL if variant == "multivalue" else QUESTION).format(city=city)
                 overhead = count(PREFIX + " ".join(n for n, _ in needles) + " " + question)
-                budget = max(length - overhead, 16)
+                target = length if max_tokens is None else min(length, max_tokens)
+                budget = max(target - overhead, 16)
                 start = rng.randrange(0, max(len(corpus) // 2, 1))
                 text = (corpus[start:] + "\n\n" + corpus)
                 # grow/shrink the haystack to the token budget (a few bisection steps)
