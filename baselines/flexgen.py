@@ -372,10 +372,12 @@ class FlexGen(TieredMethod):
         return fit_share(self, gpu_kv_bytes, shape, lambda n: {"gpu_budget": as_budget(n), "attention_on": "cpu"})
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: the host part streamed over PCIe (4-bit codes + a GPU
-        dequantisation pass when compress_kv) or attended on the CPU; compress_gpu_kv adds a
-        dequantisation pass over the GPU part's codes; memory: the footprint (compressed GPU
-        part: ~3.5x the GPU tokens in the same bytes)."""
+        """PROJECTED layer cost: the host part streamed over PCIe (4-bit codes + their
+        dequantisation on the GPU when compress_kv) or attended on the CPU; compress_gpu_kv adds
+        the dequantisation of the GPU part's codes; a dequantisation is priced as
+        ``quant.dequantize`` runs it (its torch passes' bytes, :func:`baselines.quant.dequant_bytes`,
+        at gpu.hbm_gbps + a launch per pass); memory: the footprint (compressed GPU part: ~3.5x the
+        GPU tokens in the same bytes)."""
         from hybridgen.methods.footprint import with_memory
         from hybridgen.perf.costs import cpu_attention_split_cost, stream_cost
 
@@ -383,10 +385,13 @@ class FlexGen(TieredMethod):
         S_g, S_h = c.split(share)
         hbm = c.hw.gpu.hbm_gbps * 1e9
         packed = 2 * c.Hkv * c.D * (0.5 + 4.0 / self.group_size)  # 4-bit codes + fp16 (min, scale) per group
-        # a dequantisation pass reads the codes and writes the KV
-        gpu_dequant = c.B * S_g * (packed + c.kv_tok) / hbm + c.launch if self.compress_gpu_kv and S_g else 0.0
+
+        def deq(tokens: float) -> float:  # quant.dequantize's torch passes over `tokens` K and V rows
+            return quant.dequant_bytes(c.B * tokens * 2 * c.Hkv * c.D, c.b) / hbm + quant.DEQUANT_PASSES * c.launch
+
+        gpu_dequant = deq(S_g) if self.compress_gpu_kv and S_g else 0.0
         if self.compress_kv:
-            dequant = (c.B * S_h * (packed + c.kv_tok)) / hbm + c.launch + gpu_dequant
+            dequant = deq(S_h) + gpu_dequant
             lay = stream_cost(c, share, packed, dequant, self.host_tier, "flexgen-int4")
         elif self.attention_on == "cpu":
             lay = cpu_attention_split_cost(c, share, merge=True, mapping=self.host_tier)

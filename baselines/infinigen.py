@@ -46,7 +46,7 @@ from typing import Annotated, Any, ClassVar, Dict, FrozenSet, List, Literal, Opt
 import torch
 from torch import Tensor
 
-from hybridgen.methods.tensors import attend_with_new, needs_mask
+from hybridgen.methods.tensors import attend_with_new, gather_tokens, needs_mask
 from hybridgen.methods.tiered import TieredMethod, TierBuffer
 from hybridgen.kv import KVSegment
 from hybridgen.kv.transfer import HostToDevice
@@ -201,8 +201,8 @@ class InfiniGen(TieredMethod):
         self.prefetcher.reuse(slot_id)  # the previous copy out of this host staging slot is done
         hk = slot["host_k"].t[: B * H * n * D].view(B, H, n, D)
         hv = slot["host_v"].t[: B * H * n * D].view(B, H, n, D)
-        torch.gather(host.k, 2, idx_h[..., None].expand(-1, -1, -1, D), out=hk)
-        torch.gather(host.v, 2, idx_h[..., None].expand(-1, -1, -1, D), out=hv)
+        gather_tokens(host.k, idx_h, out=hk)  # one row copy per token (torch.gather: ~5x slower on a CPU)
+        gather_tokens(host.v, idx_h, out=hv)
         pairs = [(slot["dev_k"].t[: hk.numel()], hk.view(-1)), (slot["dev_v"].t[: hv.numel()], hv.view(-1))]
         if "host_m" in slot:
             hm = slot["host_m"].t[: B * H * n].view(B, H, n)

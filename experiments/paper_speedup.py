@@ -84,7 +84,7 @@ def preset_of(m: Dict[str, Any]) -> str:
 
 
 def model_error(cost: Optional[str], validation: Optional[Dict[str, Any]]) -> Optional[float]:
-    """Largest |error| (%) of the model on the validation rows that check ``cost`` (None: none do)."""
+    """Largest |error| (%) of the model alone on the validation rows that check ``cost`` (None: none do)."""
     keys = VALIDATED_BY.get(cost or "", ())
     if not cost or not validation:
         return None
@@ -92,8 +92,11 @@ def model_error(cost: Optional[str], validation: Optional[Dict[str, Any]]) -> Op
     for row in validation.get("rows", []):
         hit = row.get("method") == cost or any(  # a row labelled by the cost that prices it (local_rows.py)
             row.get("method") == k[7:] if k.startswith("method:") else k in row.get("name", "") for k in keys)
-        if hit and row.get("error_pct") is not None and not row.get("fitted"):
-            errs.append(abs(float(row["error_pct"])))
+        # a projection is the model alone: a this-machine row's error without its measured per-call
+        # residual (local_rows.py) where it has one
+        err = row.get("model_only_error_pct", row.get("error_pct"))
+        if hit and err is not None and not row.get("fitted"):
+            errs.append(abs(float(err)))
     return max(errs) if errs else None
 
 

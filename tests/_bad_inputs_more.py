@@ -70,6 +70,12 @@ def _validate_json_exists(tmp: Path) -> None:
     validate.main.__wrapped__(["--json", str(tmp / "v.json"), "--quick", "--no-local"])
 
 
+def _validate_zero_steps(tmp: Path) -> None:
+    from hybridgen_harness.perf import validate
+
+    validate.main.__wrapped__(["--json", str(tmp / "v.json"), "--quick", "--steps", "0"])
+
+
 def _negative_probe(tmp: Path) -> None:
     from hybridgen_harness.perf.probe_rows import Row
 
@@ -129,6 +135,8 @@ def more_cases(Case, REAL) -> List:
              shown="hybridgen-lm-eval ... --device cuda:3 (no such device)"),
         Case("validate-json-exists", "library", call=_validate_json_exists, expect="already exists; pass --force",
              shown="python -m hybridgen_harness.perf.validate --json <an existing file>"),
+        Case("validate-zero-steps", "library", call=_validate_zero_steps, expect="--steps 0 must be at least 1",
+             shown="python -m hybridgen_harness.perf.validate --steps 0"),
         Case("probe-time-negative", "library", call=_negative_probe, expect="a time must be a positive finite number",
              shown="a probe file with a negative time"),
     ]

@@ -34,6 +34,62 @@ def test_int4_round_trip_within_bound(D, group, dtype):
     assert torch.equal(out, y)
 
 
+@pytest.mark.parametrize("D,group", [(128, 64), (80, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_dequantize_over_capacity_views_is_the_formula(D, group, dtype):
+    """Codes and meta as a KV segment holds them (the [:, :, :n] view of a longer buffer) decode to
+    code * scale + min in the KV's dtype: the product rounded to it, then the sum (float64 here)."""
+    g = torch.Generator().manual_seed(D)
+    codes_cap, meta_cap = quant.quantize(torch.randn(2, 3, 40, D, generator=g).to(dtype), group)
+    codes, meta = codes_cap[:, :, :29], meta_cap[:, :, :29]
+    assert not codes.is_contiguous() and not meta.is_contiguous()
+    y = quant.dequantize(codes, meta, D, group)
+    dp = quant.padded_dim(D, group)
+    c = torch.stack([codes & 0x0F, codes >> 4], -1).reshape(2, 3, 29, dp // group, group).double()
+    m = meta.double().reshape(2, 3, 29, dp // group, 2)
+    want = ((c * m[..., 1:2]).to(dtype).double() + m[..., 0:1]).to(dtype)
+    assert torch.equal(y, want.reshape(2, 3, 29, dp)[..., :D])
+    assert torch.equal(y, quant.dequantize(codes.contiguous(), meta.contiguous(), D, group))
+
+
+def test_dequantize_moves_the_bytes_its_cost_prices():
+    """baselines.quant.DEQUANT_PASSES / DEQUANT_PASS_BYTES (FlexGen's cost) are the torch passes
+    dequantize runs: counted here by a dispatch mode (fp32 meta: no meta widening)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    views = {torch.ops.aten.view, torch.ops.aten._unsafe_view, torch.ops.aten.slice, torch.ops.aten.unsqueeze,
+             torch.ops.aten.expand, torch.ops.aten.alias, torch.ops.aten.reshape}
+
+    def nbytes(t) -> int:
+        if isinstance(t, (list, tuple)):
+            return sum(nbytes(x) for x in t)
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+    class Count(TorchDispatchMode):
+        """Passes over the data (non-view ops) and the bytes they read + write; copy_ reads only
+        its source, an in-place op reads and writes its self."""
+
+        def __init__(self):
+            super().__init__()
+            self.moved, self.passes = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket not in views:
+                self.passes += 1
+                read = nbytes(args[1:]) if func.overloadpacket is torch.ops.aten.copy_ else nbytes(args)
+                self.moved += read + nbytes(out)
+            return out
+
+    codes, meta = quant.quantize(torch.randn(1, 2, 256, 128), 64)
+    out = torch.empty(1, 2, 256, 128)
+    with Count() as n:
+        quant.dequantize(codes, meta, 128, 64, out=out)
+    assert n.passes == quant.DEQUANT_PASSES
+    assert n.moved == pytest.approx(quant.dequant_bytes(out.numel(), 4), rel=0.02)
+    assert quant.dequant_bytes(1, 2) == 15  # bf16: 5 + 5 x 2 bytes per element
+
+
 def test_int4_bytes_and_bad_group():
     x = torch.randn(1, 1, 4, 64)
     codes, meta = quant.quantize(x, 64)
@@ -72,6 +128,11 @@ def test_gather_tokens_takes_rows_by_index(dtype, B, H, T, D, n, spare):
     assert torch.equal(gather_tokens(y, idx), want)
     with pytest.raises((IndexError, RuntimeError)):
         gather_tokens(x, idx.clone().fill_(T))
+    # into a staging buffer (InfiniGen's slots): the same rows, in that very buffer
+    out = torch.full((B * H * n * D + 7,), float("nan"), dtype=dtype)[: B * H * n * D].view(B, H, n, D)
+    assert gather_tokens(x, idx, out=out) is out and torch.equal(out, want)
+    strided = torch.full((B, H, n, D + 3), float("nan"), dtype=dtype)[..., :D]  # not contiguous: torch.gather
+    assert torch.equal(gather_tokens(x, idx, out=strided), want)
 
 
 def test_causal_colsum_matches_naive():

@@ -50,6 +50,12 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
         assert {"name", "source", "predicted_s", "measured_s", "error_pct"} <= set(r)
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_s"] - r["measured_s"]) / r["measured_s"], abs=0.01)
+        # one round: the prediction is the model's plus the residual measured at the short context
+        assert r["small_tokens"] == 256 and r["model_only_s"] > 0
+        assert r["predicted_s"] == pytest.approx(r["model_only_s"] + r["per_call_residual_s"], rel=1e-9)
+        assert r["model_only_error_pct"] == pytest.approx(
+            100 * (r["model_only_s"] - r["measured_s"]) / r["measured_s"], abs=0.01)
+    assert res["summary"]["model_only"]["rows"] == len(rows)
     prof = pm.profile_from_dict(res["this_machine_profiles"][0])
     assert prof.measured and prof.host.op_us > 0 and prof.host.group_score_gbps > 0
     assert set(prof.host.key_sketch_gbps) == {"int8", "int4"}  # the sketch scan is measured, not assumed
@@ -58,7 +64,9 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
 
     if native.available():  # the default scan's own rate prices its rows
         assert bf16_prof.host.key_scan_bf16dot_gbps > 0
-    assert "Performance model vs measurements" in md.read_text()
+    text = md.read_text()
+    assert "Performance model vs measurements" in text and "model alone error" in text
+    assert "the model alone (no per-call residual)" in text
 
 
 def test_emulated_profile_prices_the_local_runs_with_added_branches():
@@ -109,3 +117,7 @@ def test_a_cost_is_validated_by_the_rows_labelled_with_it():
     assert model_error("h2o-offload-stream", validation) == 99.0
     assert model_error("quest", validation) is None  # a fitted row validates nothing
     assert model_error("snapkv", validation) is None and model_error(None, validation) is None
+    # a projection is the model alone: a row's error without its measured per-call residual counts
+    validation["rows"].append({"name": "streamingllm B=1", "method": "streamingllm", "error_pct": 3.0,
+                               "model_only_error_pct": -41.8})
+    assert model_error("streamingllm", validation) == 41.8

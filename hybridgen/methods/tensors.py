@@ -20,8 +20,9 @@ def needs_mask(valid: Optional[Tensor]) -> bool:
     return valid is not None and not bool(valid.all())
 
 
-def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
-    """x [B, H, T, D], idx [B, H, n] -> [B, H, n, D]: row ``idx[b, h, j]`` of x[b, h].
+def gather_tokens(x: Tensor, idx: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """x [B, H, T, D], idx [B, H, n] -> [B, H, n, D]: row ``idx[b, h, j]`` of x[b, h] (written
+    into ``out`` [B, H, n, D] when given, e.g. a staging buffer).
 
     Rows of D contiguous elements (a KV segment and its capacity views) are copied by ONE
     ``index_select`` over the rows of x's storage: measured on this machine (2 threads, fp32,
@@ -33,8 +34,8 @@ def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
     B, H, T, D = x.shape
     sb, sh, st, sd = x.stride()
     if (x.is_cuda or x.numel() == 0 or idx.numel() == 0 or tuple(idx.shape[:2]) != (B, H)
-            or sd != 1 or st != D or sb % D or sh % D):
-        return torch.gather(x, 2, idx[..., None].expand(-1, -1, -1, D))
+            or sd != 1 or st != D or sb % D or sh % D or (out is not None and not out.is_contiguous())):
+        return torch.gather(x, 2, idx[..., None].expand(-1, -1, -1, D), out=out)
     lo, hi = torch.aminmax(idx)
     if int(lo) < 0 or int(hi) >= T:
         raise IndexError(f"gather_tokens: token index out of range [0, {T})")
@@ -42,7 +43,11 @@ def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
     base = (torch.arange(B, device=idx.device) * (sb // D))[:, None, None] + \
         (torch.arange(H, device=idx.device) * (sh // D))[None, :, None]
     n = idx.shape[-1]
-    return rows.index_select(0, (base + idx).reshape(-1)).view(B, H, n, D)
+    flat = (base + idx).reshape(-1)
+    if out is None:
+        return rows.index_select(0, flat).view(B, H, n, D)
+    torch.index_select(rows, 0, flat, out=out.view(B * H * n, D))
+    return out
 
 
 def gather_mask(valid: Optional[Tensor], idx: Tensor) -> Optional[Tensor]:

@@ -20,8 +20,20 @@
    two shapes, in fp32; and of ``full`` and ``hybridgen`` (its default bf16-dot scan, and
    ``scan='exact'``) with bf16 KV (:data:`BF16_METHODS`); each run right after a profile measurement; measured = the median step time /
    layers (the first, warm-up step with any kernel compilation excluded), predicted =
-   ``predict_step(method, ...).attention_layer_s`` on the profile measured just before;
-   a row is the median over the rounds of each (see :func:`local_rows`).
+   ``predict_step(method, ...).attention_layer_s`` on the profile measured just before,
+   plus the method's per-call residual (below); a row is the median over the rounds of each
+   (see :func:`local_rows`).
+
+The per-call residual: on this CPU every torch op, view and thread hand-off of a method's
+decode costs microseconds that the model's fixed terms (GPU kernel and host op COUNTS x one
+small op) do not capture: at 256 tokens a layer step measured 0.4 ms for ``full`` and
+0.8-1.6 ms for HybridGen, StreamingLLM, Quest and InfiniGen against 0.04-0.5 ms priced. So
+each pair also runs the method at :data:`SMALL_TOKENS` tokens (same batch, heads, dtype),
+where the context-proportional terms are negligible, and adds (measured - predicted) there
+to the prediction at the row's context: a two-point model whose constant term is measured
+and whose context-proportional term is the cost model's. The row keeps the model alone
+(``model_only_s``) and the residual (``per_call_residual_s``) beside it, so both errors are
+reported. GPU projections have no such term (their fixed costs are the counted launches).
 """
 from __future__ import annotations
 
@@ -88,7 +100,25 @@ class LocalShape:
 
 
 SHAPES = (LocalShape(1, 32, 8, 128, 8192), LocalShape(2, 32, 8, 128, 8192))
+#: the context at which each pair measures a method's per-call residual (module docstring): short
+#: enough that the KV-proportional terms are a small part of the step, long enough for every
+#: method's budget and window to be non-empty
+SMALL_TOKENS = 256
 TINY = (LocalShape(1, 8, 2, 64, 1024),)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One (profile, run) pair of a row (seconds per layer): the model's prediction at the row's
+    context, the per-call residual (measured - predicted at SMALL_TOKENS) and the measurement."""
+
+    model: float
+    residual: float
+    measured: float
+
+    @property
+    def predicted(self) -> float:
+        return self.model + self.residual
 
 
 def _gbps(nbytes: float, seconds: float) -> float:
@@ -227,7 +257,7 @@ def _model(shape: LocalShape, dtype: str) -> ModelShape:
                       weight_bytes=4 if dtype == "fp32" else 2)
 
 
-def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: int = 5, dtype: str = "fp32",
+def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 6, rounds: int = 5, dtype: str = "fp32",
                reps: int = 3, methods: Optional[Sequence[Tuple[str, str, Dict[str, Any]]]] = None
                ) -> Tuple[List[Row], List[Dict[str, Any]]]:
     """(rows, the measured profile dict of each shape): every method of ``methods`` (default
@@ -249,31 +279,43 @@ def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 2, rounds: in
     rows, profiles = [], []
     for shape in shapes:
         model = _model(shape, dtype)
+        small = dataclasses.replace(shape, tokens=min(SMALL_TOKENS, shape.tokens))
         # the context at the middle timed step (prompt + generated tokens)
         work = Workload(batch=shape.batch, context=shape.tokens + 1 + steps // 2, dtype=dtype)
+        work_small = dataclasses.replace(work, context=small.tokens + 1 + steps // 2)
         raws: List[Dict[str, Any]] = []
-        pairs: Dict[str, List[Tuple[float, float]]] = {label: [] for label, _, _ in methods}
+        pairs: Dict[str, List[Pair]] = {label: [] for label, _, _ in methods}
         for _ in range(rounds):
             for label, name, params in methods:  # interleaved: the load of the moment hits both alike
                 raw = measure_profile(shape, dtype=dtype, reps=reps)
                 raws.append(raw)
                 hw = profile_from_dict(raw, where="measured profile of this machine")
-                pred = predict_step(build_method(name, **params), model, work, hw).attention_layer_s
+                pred, pred_small = (predict_step(build_method(name, **params), model, w, hw).attention_layer_s
+                                    for w in (work, work_small))
+                meas_small = statistics.median(measure_layer(name, params, small, steps, DTYPES[dtype], device)[1])
                 meas = statistics.median(measure_layer(name, params, shape, steps, DTYPES[dtype], device)[1])
-                pairs[label].append((pred, meas))
+                pairs[label].append(Pair(pred, meas_small - pred_small, meas))
         rep = median_profile(raws)
         rep["host_info"]["rounds"] = rounds
         profiles.append(rep)
         hw_rep: HardwareProfile = profile_from_dict(rep, where="measured profile of this machine")
         for label, name, params in methods:
-            preds = [p for p, _ in pairs[label]]
-            meas = [m for _, m in pairs[label]]
+            got = pairs[label]
+            meas = [p.measured for p in got]
+            measured, model_only = statistics.median(meas), statistics.median(p.model for p in got)
             breakdown = predict_step(build_method(name, **params), model, work, hw_rep).breakdown
-            rows.append(Row(f"{label}{tag} {shape.label()}", SOURCE, statistics.median(preds), statistics.median(meas),
+            rows.append(Row(f"{label}{tag} {shape.label()}", SOURCE, statistics.median(p.predicted for p in got),
+                            measured,
                             note=f"per-layer decode; median over {len(meas)} (profile, run) pairs, each run the "
-                                 f"median of {steps} steps after a warm-up",
+                                 f"median of {steps} steps after a warm-up; predicted = model + the per-call "
+                                 f"residual measured at {small.tokens} tokens",
                             extra={"method": label, "shape": list(shape.tuple), "dtype": dtype,
-                                   "pairs_ms": [[round(p * 1e3, 3), round(m * 1e3, 3)] for p, m in pairs[label]],
+                                   "model_only_s": model_only,
+                                   "model_only_error_pct": round(100 * (model_only - measured) / measured, 2),
+                                   "per_call_residual_s": statistics.median(p.residual for p in got),
+                                   "small_tokens": small.tokens,
+                                   "pairs_ms": [[round(x * 1e3, 3) for x in (p.model, p.residual, p.measured)]
+                                                for p in got],
                                    "measured_min_s": min(meas), "measured_max_s": max(meas),
                                    "loadavg": [round(x, 2) for x in os.getloadavg()],
                                    "breakdown_ms": {k: round(v * 1e3, 3) for k, v in breakdown.items()

@@ -2,13 +2,15 @@
 :mod:`hybridgen.perf.compare`, ``compare_to_measured``)::
 
     python -m hybridgen_harness.perf.validate --json FILE [--md FILE] [--probe-dir DIR] [--quick] [--no-local]
+        [--rounds N] [--steps N] [--force]
 
 It prints predicted vs measured for (a) every row of the H200-host probe files
 (``shared/measurements/h200-host-2026-11-30``, source ``h200-probe``, priced on the
 ``h200-host`` profile; :mod:`hybridgen_harness.perf.probe_rows`) and (b) this machine: a profile
 measured in the same command and real per-layer runs of full, hybrid-exact, hybridgen and
-FlexGen (stream and CPU attention) at two shapes (source ``this-machine``;
-:mod:`hybridgen_harness.perf.local_rows`). When the probe files cannot be read (e.g. in CI) it says
+every baseline that declares validation rows at two shapes (source ``this-machine``;
+:mod:`hybridgen_harness.perf.local_rows`; each row's prediction adds the method's per-call
+residual measured at a short context, and keeps the model alone's prediction and error beside it). When the probe files cannot be read (e.g. in CI) it says
 so in one line and skips (a). JSON: ``{"rows": [{"name", "source", "predicted_s",
 "measured_s", "error_pct", "within_25pct", "fitted", ...}], "not_modelled": [...],
 "summary": {...}, "machine": {...}}``. ``--quick``: one tiny shape, one round (seconds; for
@@ -51,6 +53,10 @@ def summarize(rows: Sequence[Any]) -> Dict[str, Any]:
     for src in sorted({r.source for r in rows}):
         out[src] = count([r for r in rows if r.source == src])
     out["outside_25pct"] = [r.name for r in rows if abs(r.error_pct) > TOLERANCE_PCT]
+    alone = [r.extra["model_only_error_pct"] for r in rows if "model_only_error_pct" in r.extra]
+    if alone:  # this machine's rows priced by the model without their measured per-call residual
+        out["model_only"] = {"rows": len(alone), "within_25pct": sum(abs(e) <= TOLERANCE_PCT for e in alone),
+                             "mean_abs_error_pct": round(sum(abs(e) for e in alone) / len(alone), 1)}
     return out
 
 
@@ -67,13 +73,21 @@ def markdown(result: Dict[str, Any]) -> str:
               "this-machine rows: a profile measured in the same command (CPU-emulated 'gpu' tier: its gpu/link "
               "figures are the CPU's own rates, branches added) and per-layer decode runs, paired: each run right "
               "after a profile measurement that predicts it; a row is the median over its pairs (the spread of "
-              "the runs in the last column).", ""]
+              "the runs in the last column). Their prediction is the model's plus the method's per-call residual "
+              "(measured minus predicted at a short context, same pair: `hybridgen_harness/perf/local_rows.py`), "
+              "the cost of torch dispatch and thread hand-offs on this CPU that the model's counted fixed terms "
+              "miss; the model alone and its error are in their own columns (the error a GPU projection carries "
+              "is the model alone's).", ""]
     lines += ["| row | source | predicted ms | measured ms | error | within 25% | fitted from this row | "
-              "measured min-max ms |", "|---|---|---:|---:|---:|---|---|---:|"]
+              "measured min-max ms | per-call residual ms | model alone ms | model alone error |",
+              "|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
         med = (f"{r['measured_min_s'] * 1e3:.2f}-{r['measured_max_s'] * 1e3:.2f}" if "measured_min_s" in r else "")
+        alone = (f"{r['per_call_residual_s'] * 1e3:.3f} | {r['model_only_s'] * 1e3:.3f} | "
+                 f"{r['model_only_error_pct']:+.1f}%" if "model_only_s" in r else " | | ")
         lines.append(f"| {r['name']} | {r['source']} | {r['predicted_s'] * 1e3:.3f} | {r['measured_s'] * 1e3:.3f} | "
-                     f"{r['error_pct']:+.1f}% | {'yes' if r['within_25pct'] else '**no**'} | {r['fitted']} | {med} |")
+                     f"{r['error_pct']:+.1f}% | {'yes' if r['within_25pct'] else '**no**'} | {r['fitted']} | {med} | "
+                     f"{alone} |")
     s = result["summary"]
     lines += ["", f"Within +-25%: {s['all']['within_25pct']} of {s['all']['rows']} rows; independent rows (no "
               f"profile figure fitted to them): {s['independent']['within_25pct']} of {s['independent']['rows']}, "
@@ -82,6 +96,10 @@ def markdown(result: Dict[str, Any]) -> str:
         if src in s:
             lines.append(f"- {src}: {s[src]['within_25pct']} of {s[src]['rows']} within 25%, mean |error| "
                          f"{s[src]['mean_abs_error_pct']}%, max {s[src]['max_abs_error_pct']}%")
+    if "model_only" in s:
+        mo = s["model_only"]
+        lines.append(f"- this-machine, the model alone (no per-call residual): {mo['within_25pct']} of {mo['rows']} "
+                     f"within 25%, mean |error| {mo['mean_abs_error_pct']}%")
     if s["outside_25pct"]:
         lines.append(f"- outside +-25%: {', '.join(s['outside_25pct'])}")
     if result.get("not_modelled"):
@@ -93,9 +111,10 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def run_validation(probe_dir: Optional[Union[str, Path]] = None, local: bool = True, quick: bool = False,
-                   command: str = "python -m hybridgen_harness.perf.validate", rounds: int = 5) -> Dict[str, Any]:
+                   command: str = "python -m hybridgen_harness.perf.validate", rounds: int = 5,
+                   steps: int = 6) -> Dict[str, Any]:
     """Compute every row: (a) the probe files (skipped with a one-line reason when unreadable),
-    (b) this machine (``quick``: one tiny shape, one round)."""
+    (b) this machine (``quick``: one tiny shape, one round; ``steps`` timed decode steps per run)."""
     from hybridgen_harness.perf import local_rows, probe_rows
 
     t0 = time.perf_counter()
@@ -113,8 +132,8 @@ def run_validation(probe_dir: Optional[Union[str, Path]] = None, local: bool = T
     profiles: List[Dict[str, Any]] = []
     if local:
         shapes = local_rows.TINY if quick else local_rows.SHAPES
-        lrows, profiles = local_rows.local_rows(shapes, steps=2, rounds=1 if quick else rounds, reps=3)
-        brows, bprofiles = local_rows.local_rows(shapes, steps=2, rounds=1 if quick else rounds, reps=3,
+        lrows, profiles = local_rows.local_rows(shapes, steps=steps, rounds=1 if quick else rounds, reps=3)
+        brows, bprofiles = local_rows.local_rows(shapes, steps=steps, rounds=1 if quick else rounds, reps=3,
                                                  dtype="bf16", methods=local_rows.BF16_METHODS)
         rows += lrows + brows
         profiles += bprofiles
@@ -160,18 +179,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one tiny shape, one round (seconds)")
     ap.add_argument("--no-local", action="store_true", help="skip the runs on this machine (part b)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of profile + runs per shape (default 5)")
+    ap.add_argument("--steps", type=int, default=6,
+                    help="timed decode steps per run on this machine, after a warm-up step (default 6)")
     ap.add_argument("--force", action="store_true", help="overwrite existing --json / --md files")
     args = ap.parse_args(argv)
     check_output_file("--json", args.json, args.force)  # before measuring; never overwritten without --force
     if args.md:
         check_output_file("--md", args.md, args.force, example="table.md")
     cmd = "python -m hybridgen_harness.perf.validate " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.rounds < 1:
-        from hybridgen.errors import ConfigError
+    from hybridgen.errors import ConfigError
 
+    if args.rounds < 1:
         raise ConfigError(f"--rounds {args.rounds} must be at least 1; e.g. --rounds 5")
+    if args.steps < 1:
+        raise ConfigError(f"--steps {args.steps} must be at least 1; e.g. --steps 6")
     result = run_validation(args.probe_dir, local=not args.no_local, quick=args.quick, command=cmd.strip(),
-                            rounds=args.rounds)
+                            rounds=args.rounds, steps=args.steps)
     _print(result)
     out = Path(args.json).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
