@@ -386,8 +386,8 @@ class FlexGen(TieredMethod):
         hbm = c.hw.gpu.hbm_gbps * 1e9
         packed = 2 * c.Hkv * c.D * (0.5 + 4.0 / self.group_size)  # 4-bit codes + fp16 (min, scale) per group
 
-        def deq(tokens: float) -> float:  # quant.dequantize's torch passes over `tokens` K and V rows
-            return quant.dequant_bytes(c.B * tokens * 2 * c.Hkv * c.D, c.b) / hbm + quant.DEQUANT_PASSES * c.launch
+        def deq(tokens: float) -> float:  # quant.dequantize's torch passes over `tokens` K rows and V rows
+            return quant.dequant_bytes(c.B * tokens * 2 * c.Hkv * c.D, c.b) / hbm + 2 * quant.DEQUANT_PASSES * c.launch
 
         gpu_dequant = deq(S_g) if self.compress_gpu_kv and S_g else 0.0
         if self.compress_kv:

@@ -71,18 +71,19 @@ def quantize(x: Tensor, group: int = 64) -> Tuple[Tensor, Tensor]:
 
 
 #: bytes :func:`dequantize` reads + writes per output element, counted from its torch passes:
-#: the two nibble masks (1 + 1 over the packed half-bytes), their interleave (2), then with
-#: b-byte outputs the codes widened into the output (1 + b), the scale and the offset in place
-#: (2b + 2b): DEQUANT_PASS_BYTES + DEQUANT_OUT_PASSES * b; and the passes it launches
+#: the two nibble masks (1 + 1 over the packed half-bytes), their interleave (2) and the codes
+#: read once more as they are widened into the output (1): DEQUANT_PASS_BYTES; then the output's
+#: own b-byte element is accessed DEQUANT_OUT_ACCESSES times (written by the widening, read and
+#: written by the scale, read and written by the offset); and the passes it launches
 DEQUANT_PASS_BYTES = 1 + 1 + 2 + 1
-DEQUANT_OUT_PASSES = 5
+DEQUANT_OUT_ACCESSES = 5
 DEQUANT_PASSES = 6
 
 
 def dequant_bytes(elements: float, out_bytes: int) -> float:
     """Bytes :func:`dequantize` moves to decode ``elements`` values into ``out_bytes``-byte
     elements (what its cost prices at the device's memory bandwidth)."""
-    return elements * (DEQUANT_PASS_BYTES + DEQUANT_OUT_PASSES * out_bytes)
+    return elements * (DEQUANT_PASS_BYTES + DEQUANT_OUT_ACCESSES * out_bytes)
 
 
 def dequantize(codes: Tensor, meta: Tensor, dim: int, group: int = 64, out: Optional[Tensor] = None) -> Tensor:
@@ -90,20 +91,21 @@ def dequantize(codes: Tensor, meta: Tensor, dim: int, group: int = 64, out: Opti
 
     x' = code * scale + min in meta's dtype, as FlexGen's decompression computes it (float32
     for float32 KV; a 16-bit dtype rounds the product, then the sum): the codes are widened
-    straight into the output, then scaled and offset in place, six passes and no intermediate
-    of the output's size. Measured on the 2-core CPU (8 KV heads x 7,373 tokens, the codes and
-    meta as a KV segment's capacity views ``[:, :, :n]``): an out-of-place float32 version took
-    torch's slow broadcast path (52.8 ms against 7.8 ms in place), and intermediates of the
-    output's size (a float32 copy, or the one torch's type promotion makes for ``uint8 x
-    scale``) were fresh mmaps, page-faulted on every call, at batch 2 (32 ms for that multiply
-    alone against 4.5 ms at batch 1).
+    straight into the output, then scaled and offset in place: :data:`DEQUANT_PASSES` passes
+    and no intermediate of the output's size, whenever ``out`` has meta's dtype, no padding
+    (dim == Dp) and contiguous rows (a KV segment's ``[:, :, :n]`` capacity view qualifies);
+    otherwise through a temporary copied into ``out`` (or returned, contiguous). Measured on the
+    2-core CPU (8 KV heads x 7,373 tokens, fp32, codes and meta as capacity views): the previous
+    out-of-place float32 version took 55 / 92 ms at batch 1 / 2 (torch's slow broadcast path
+    over the views, and output-sized intermediates that were fresh page-faulted mmaps on every
+    call at batch 2), this one 7-9 / 14-22 ms.
     """
     dp = codes.shape[-1] * 2
     lead = codes.shape[:-1]
     c = torch.stack([codes & 0x0F, codes >> 4], dim=-1).view(*lead, dp // group, group)  # uint8
     m = meta.reshape(*lead, dp // group, 2)
-    direct = out is not None and dp == dim and out.is_contiguous()
-    x = (out.view(*lead, dp // group, group) if direct
+    direct = out is not None and dp == dim and out.dtype == meta.dtype and out.stride(-1) == 1
+    x = (out.unflatten(-1, (dp // group, group)) if direct
          else torch.empty(*lead, dp // group, group, dtype=meta.dtype, device=codes.device))
     x.copy_(c)
     x.mul_(m[..., 1:2]).add_(m[..., 0:1])
@@ -111,7 +113,7 @@ def dequantize(codes: Tensor, meta: Tensor, dim: int, group: int = 64, out: Opti
         return out
     y = x.view(*lead, dp)[..., :dim]
     if out is None:
-        return y
+        return y.contiguous()
     out.copy_(y)
     return out
 

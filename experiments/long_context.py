@@ -198,11 +198,14 @@ def run(args) -> Path:
         docs = ruler_docs.build_docs(args.variants, args.lengths, args.samples, engine.tokenizer.name_or_path,
                                      args.seed)
     else:
-        # a length at the model's limit leaves room for the answer (the id keeps the nominal length)
-        room = engine.spec.max_positions - max(NEW_TOKENS.values())
+        # a length at the model's limit leaves room for the answer and the special tokens (the id
+        # keeps the nominal length)
+        specials = len(engine.tokenizer("")["input_ids"])
+        room = engine.spec.max_positions - max(NEW_TOKENS.values()) - specials
         if max(args.lengths) > room:
             print(f"prompts of more than {room} tokens are built to {room}: {engine.spec.max_positions} positions "
-                  f"less the longest answer ({max(NEW_TOKENS.values())} tokens)", flush=True)
+                  f"less the longest answer ({max(NEW_TOKENS.values())} tokens) and {specials} special "
+                  "token(s)", flush=True)
         docs = needle.build_docs(corpus, args.lengths, args.depths, args.samples, engine.tokenizer, args.seed,
                                  args.variants, max_tokens=room)
     docs = [d for d in docs if any(fnmatch.fnmatchcase(d["id"], pat) for pat in _csv(args.docs))]
@@ -210,6 +213,12 @@ def run(args) -> Path:
         raise ConfigError(f"--docs {args.docs!r} matches no document id (ids look like "
                           f"{'ruler-niah_single_1-4096-0' if ruler else 'needle-8192-30-0'})")
     todo = [d for d in docs if any((d["id"], label) not in done for label, _, _ in configs)]
+    for doc in todo:  # every prompt + its answer fits the model, checked before any document runs
+        n = len(engine.tokenizer(doc["prompt"])["input_ids"])
+        new = (ruler_docs.NEW_TOKENS if ruler else NEW_TOKENS)[doc["variant"]]
+        if n + new > engine.spec.max_positions:
+            raise ConfigError(f"document {doc['id']}: {n} prompt tokens + {new} new exceed {args.model}'s "
+                              f"{engine.spec.max_positions} positions; choose a shorter --lengths")
     print(f"{len(docs)} documents x {len(configs)} method configurations on {engine!r}; "
           f"{len(docs) - len(todo)} finished before", flush=True)
     with open(out / SAMPLES, "a") as sink:

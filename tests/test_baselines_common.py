@@ -82,11 +82,12 @@ def test_dequantize_moves_the_bytes_its_cost_prices():
             return out
 
     codes, meta = quant.quantize(torch.randn(1, 2, 256, 128), 64)
-    out = torch.empty(1, 2, 256, 128)
+    out = torch.empty(1, 2, 300, 128)[:, :, :256]  # FlexGen's buffers: a capacity view, rows contiguous
     with Count() as n:
         quant.dequantize(codes, meta, 128, 64, out=out)
-    assert n.passes == quant.DEQUANT_PASSES
+    assert n.passes == quant.DEQUANT_PASSES  # straight into out: no temporary copied over
     assert n.moved == pytest.approx(quant.dequant_bytes(out.numel(), 4), rel=0.02)
+    assert torch.equal(out, quant.dequantize(codes, meta, 128, 64))
     assert quant.dequant_bytes(1, 2) == 15  # bf16: 5 + 5 x 2 bytes per element
 
 
@@ -132,7 +133,9 @@ def test_gather_tokens_takes_rows_by_index(dtype, B, H, T, D, n, spare):
     out = torch.full((B * H * n * D + 7,), float("nan"), dtype=dtype)[: B * H * n * D].view(B, H, n, D)
     assert gather_tokens(x, idx, out=out) is out and torch.equal(out, want)
     strided = torch.full((B, H, n, D + 3), float("nan"), dtype=dtype)[..., :D]  # not contiguous: torch.gather
-    assert torch.equal(gather_tokens(x, idx, out=strided), want)
+    assert gather_tokens(x, idx, out=strided) is strided and torch.equal(strided, want)
+    with pytest.raises(ValueError, match="out must be"):
+        gather_tokens(x, idx, out=torch.empty(B, H, D, n, dtype=dtype))  # the right size, the wrong shape
 
 
 def test_causal_colsum_matches_naive():

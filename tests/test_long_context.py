@@ -152,6 +152,24 @@ def test_a_run_on_a_real_model_resumes_and_reports(tmp_path, monkeypatch, capsys
     assert again.set_index(key).sort_index()["generation"].equals(rows.set_index(key).sort_index()["generation"])
 
 
+def test_a_document_past_the_models_positions_is_refused_before_any_runs(tmp_path, monkeypatch, capsys):
+    """A cell at the model's limit is built to fit (prompt + answer + special tokens); a prompt that
+    still does not fit is a one-line error before the first prefill, not a crash mid-run."""
+    from hybridgen.data import sources
+    from hybridgen.model import shared_prefill
+
+    monkeypatch.setattr(sources, "corpus", lambda name: SENTENCES * 400)
+    monkeypatch.setattr(shared_prefill, "record_prefill", lambda *a, **k: pytest.fail("a document ran"))
+    built = []
+    build = needle.build_docs
+    monkeypatch.setattr(needle, "build_docs", lambda *a, **k: built.append(k["max_tokens"]) or [
+        dict(d, prompt=d["prompt"] * 60) for d in build(*a, **k)])
+    _refused(["--out", str(tmp_path / "run"), "--model", "smollm2-135m", "--lengths", "8192", "--depths", "50",
+              "--samples", "1", "--methods", "full"], capsys, "prompt tokens + 12 new exceed smollm2-135m's 8192")
+    assert built == [8192 - 24]  # positions less the longest answer (SmolLM2's tokenizer adds no special token)
+    assert not (tmp_path / "run" / "samples.jsonl").exists()
+
+
 def test_the_identity_of_a_needle_run_is_unchanged_by_the_source_argument():
     """Runs made before --source existed resume: a needle run's identity has no 'source' key."""
     needle_args = lc._arguments(["--out", "x"])

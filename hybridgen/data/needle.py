@@ -75,9 +75,9 @@ def build_docs(corpus: str, lengths: Sequence[int], depths: Sequence[float], sam
     depths: needle positions in percent (0 = start, 100 = end of the haystack). variants: see the
     module docstring; answer: the number, or the numbers separated by spaces (multivalue).
     max_tokens: at most this many prompt tokens (e.g. the model's positions less the answer's
-    tokens, so a 32K cell fits a 32K model): a longer length is built to ``max_tokens``, its id
-    and ``length`` keep the nominal length and ``tokens`` what it holds. The needles and
-    haystack starts drawn do not depend on it.
+    and the special tokens, so a 32K cell fits a 32K model): a longer length is built to
+    ``max_tokens`` (checked on the whole prompt), its id and ``length`` keep the nominal length
+    and ``tokens`` what it holds. The needles and the haystack's start drawn do not depend on it.
     """
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
@@ -104,15 +104,23 @@ def build_docs(corpus: str, lengths: Sequence[int], depths: Sequence[float], sam
                         lo = mid
                     else:
                         hi = mid
-                hay = text[:lo]
-                for needle, at in reversed(needles):  # the asked needle last, so it sits exactly at `depth`
-                    hay = _insert_at_depth(hay, needle, at)
-                prompt = PREFIX + hay + question
+                prompt = _with_needles(text[:lo], needles, question)
+                while target < length and count(prompt) > target and lo > 0:  # a cap binds: at most target tokens
+                    lo = max(0, lo - 64)
+                    prompt = _with_needles(text[:lo], needles, question)
                 tag = "" if variant == "single" else f"-{variant}"
                 docs.append({"id": f"needle-{length}-{depth:g}-{s}{tag}", "length": int(length), "depth": float(depth),
                              "sample": s, "variant": variant, "prompt": prompt, "answer": answer, "city": city,
                              "tokens": count(prompt), "tokenizer": getattr(tokenizer, "name_or_path", None)})
     return docs
+
+
+def _with_needles(hay: str, needles, question: str) -> str:
+    """The prompt: the haystack with every needle at its depth (the asked one placed last, so
+    it sits exactly at its depth), then the question."""
+    for needle, at in reversed(needles):
+        hay = _insert_at_depth(hay, needle, at)
+    return PREFIX + hay + question
 
 
 def score(generation: str, answer: str) -> float:

@@ -32,6 +32,9 @@ def gather_tokens(x: Tensor, idx: Tensor, out: Optional[Tensor] = None) -> Tenso
     An index outside [0, T) raises IndexError, as torch.gather does.
     """
     B, H, T, D = x.shape
+    if out is not None and (tuple(out.shape) != (B, H, idx.shape[-1], D) or out.dtype != x.dtype):
+        raise ValueError(f"gather_tokens: out must be a {x.dtype} tensor of shape {(B, H, idx.shape[-1], D)}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
     sb, sh, st, sd = x.stride()
     if (x.is_cuda or x.numel() == 0 or idx.numel() == 0 or tuple(idx.shape[:2]) != (B, H)
             or sd != 1 or st != D or sb % D or sh % D or (out is not None and not out.is_contiguous())):

@@ -15,7 +15,8 @@
 2. Real per-layer decode runs (:func:`hybridgen.testing.MethodDriver`, seeded random
    q/k/v, no history) of ``full``, ``hybrid-exact``, ``hybridgen`` (top-k 5%, nothing streamed, not
    pipelined; also with ``key_sketch='int4'``, and three-way at a 30% streamed share) and of every registered method that declares
-   ``validation_rows`` (FlexGen: streaming and CPU attention; :func:`validation_methods`),
+   ``validation_rows`` (FlexGen streaming, CPU attention and INT4, InfiniGen, Quest, SnapKV and
+   StreamingLLM; :func:`validation_methods`),
    90% of the KV on the host, at
    two shapes, in fp32; and of ``full`` and ``hybridgen`` (its default bf16-dot scan, and
    ``scan='exact'``) with bf16 KV (:data:`BF16_METHODS`); each run right after a profile measurement; measured = the median step time /
@@ -26,14 +27,15 @@
 
 The per-call residual: on this CPU every torch op, view and thread hand-off of a method's
 decode costs microseconds that the model's fixed terms (GPU kernel and host op COUNTS x one
-small op) do not capture: at 256 tokens a layer step measured 0.4 ms for ``full`` and
-0.8-1.6 ms for HybridGen, StreamingLLM, Quest and InfiniGen against 0.04-0.5 ms priced. So
+small op) do not capture (``results/perfmodel/validation.json`` has every residual). So
 each pair also runs the method at :data:`SMALL_TOKENS` tokens (same batch, heads, dtype),
 where the context-proportional terms are negligible, and adds (measured - predicted) there
 to the prediction at the row's context: a two-point model whose constant term is measured
-and whose context-proportional term is the cost model's. The row keeps the model alone
+and whose context-proportional term is the cost model's: a row's prediction is the median of
+its pairs' model predictions plus the median of their residuals. The row keeps the model alone
 (``model_only_s``) and the residual (``per_call_residual_s``) beside it, so both errors are
-reported. GPU projections have no such term (their fixed costs are the counted launches).
+reported, and every pair's four times (``pairs_ms``). GPU projections have no such term (their
+fixed costs are the counted launches).
 """
 from __future__ import annotations
 
@@ -109,16 +111,18 @@ TINY = (LocalShape(1, 8, 2, 64, 1024),)
 
 @dataclass(frozen=True)
 class Pair:
-    """One (profile, run) pair of a row (seconds per layer): the model's prediction at the row's
-    context, the per-call residual (measured - predicted at SMALL_TOKENS) and the measurement."""
+    """One (profile, run) pair of a row (seconds per layer): the model's prediction and the
+    measurement at SMALL_TOKENS, then at the row's context."""
 
+    model_small: float
+    measured_small: float
     model: float
-    residual: float
     measured: float
 
     @property
-    def predicted(self) -> float:
-        return self.model + self.residual
+    def residual(self) -> float:
+        """The per-call residual: measured - predicted at SMALL_TOKENS."""
+        return self.measured_small - self.model_small
 
 
 def _gbps(nbytes: float, seconds: float) -> float:
@@ -294,7 +298,7 @@ def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 6, rounds: in
                                     for w in (work, work_small))
                 meas_small = statistics.median(measure_layer(name, params, small, steps, DTYPES[dtype], device)[1])
                 meas = statistics.median(measure_layer(name, params, shape, steps, DTYPES[dtype], device)[1])
-                pairs[label].append(Pair(pred, meas_small - pred_small, meas))
+                pairs[label].append(Pair(pred_small, meas_small, pred, meas))
         rep = median_profile(raws)
         rep["host_info"]["rounds"] = rounds
         profiles.append(rep)
@@ -303,19 +307,18 @@ def local_rows(shapes: Sequence[LocalShape] = SHAPES, steps: int = 6, rounds: in
             got = pairs[label]
             meas = [p.measured for p in got]
             measured, model_only = statistics.median(meas), statistics.median(p.model for p in got)
+            residual = statistics.median(p.residual for p in got)
             breakdown = predict_step(build_method(name, **params), model, work, hw_rep).breakdown
-            rows.append(Row(f"{label}{tag} {shape.label()}", SOURCE, statistics.median(p.predicted for p in got),
-                            measured,
+            rows.append(Row(f"{label}{tag} {shape.label()}", SOURCE, model_only + residual, measured,
                             note=f"per-layer decode; median over {len(meas)} (profile, run) pairs, each run the "
                                  f"median of {steps} steps after a warm-up; predicted = model + the per-call "
                                  f"residual measured at {small.tokens} tokens",
                             extra={"method": label, "shape": list(shape.tuple), "dtype": dtype,
                                    "model_only_s": model_only,
                                    "model_only_error_pct": round(100 * (model_only - measured) / measured, 2),
-                                   "per_call_residual_s": statistics.median(p.residual for p in got),
-                                   "small_tokens": small.tokens,
-                                   "pairs_ms": [[round(x * 1e3, 3) for x in (p.model, p.residual, p.measured)]
-                                                for p in got],
+                                   "per_call_residual_s": residual, "small_tokens": small.tokens,
+                                   "pairs_ms": [[round(x * 1e3, 3) for x in dataclasses.astuple(p)] for p in got],
+                                   "pairs_fields": [f.name for f in dataclasses.fields(Pair)],
                                    "measured_min_s": min(meas), "measured_max_s": max(meas),
                                    "loadavg": [round(x, 2) for x in os.getloadavg()],
                                    "breakdown_ms": {k: round(v * 1e3, 3) for k, v in breakdown.items()
