@@ -47,7 +47,7 @@ Choices where the paper is silent or which differ from it:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, FrozenSet, List, Literal, Optional, Tuple
 
 import torch
@@ -372,34 +372,12 @@ class FlexGen(TieredMethod):
         return fit_share(self, gpu_kv_bytes, shape, lambda n: {"gpu_budget": as_budget(n), "attention_on": "cpu"})
 
     def layer_cost(self, c: "CostContext") -> "Optional[LayerCost]":
-        """PROJECTED layer cost: the host part streamed over PCIe (4-bit codes + their
-        dequantisation on the GPU when compress_kv) or attended on the CPU; compress_gpu_kv adds
-        the dequantisation of the GPU part's codes; a dequantisation is priced as
-        ``quant.dequantize`` runs it (its torch passes' bytes, :func:`baselines.quant.dequant_bytes`,
-        at gpu.hbm_gbps + a launch per pass); memory: the footprint (compressed GPU part: ~3.5x the
-        GPU tokens in the same bytes)."""
+        """PROJECTED layer cost (:func:`baselines.flexgen_cost.flexgen_cost`); memory: the
+        footprint (compressed GPU part: ~3.5x the GPU tokens in the same bytes)."""
+        from baselines.flexgen_cost import flexgen_cost
         from hybridgen.methods.footprint import with_memory
-        from hybridgen.perf.costs import cpu_attention_split_cost, stream_cost
 
-        share, shape = c.fraction(self.gpu_budget), c.kv_shape()
-        S_g, S_h = c.split(share)
-        hbm = c.hw.gpu.hbm_gbps * 1e9
-        packed = 2 * c.Hkv * c.D * (0.5 + 4.0 / self.group_size)  # 4-bit codes + fp16 (min, scale) per group
-
-        def deq(tokens: float) -> float:  # quant.dequantize's torch passes over `tokens` K rows and V rows
-            return quant.dequant_bytes(c.B * tokens * 2 * c.Hkv * c.D, c.b) / hbm + 2 * quant.DEQUANT_PASSES * c.launch
-
-        gpu_dequant = deq(S_g) if self.compress_gpu_kv and S_g else 0.0
-        if self.compress_kv:
-            dequant = deq(S_h) + gpu_dequant
-            lay = stream_cost(c, share, packed, dequant, self.host_tier, "flexgen-int4")
-        elif self.attention_on == "cpu":
-            lay = cpu_attention_split_cost(c, share, merge=True, mapping=self.host_tier)
-            if gpu_dequant:  # before the GPU partial, priced serially with the layer (an upper bound)
-                lay = replace(lay, attn=lay.attn + gpu_dequant, layer=lay.layer + gpu_dequant, gpu=lay.gpu + gpu_dequant,
-                              breakdown=dict(lay.breakdown))
-            dequant = gpu_dequant
-        else:
-            lay, dequant = stream_cost(c, share, gpu_extra=gpu_dequant, mapping=self.host_tier, label="flexgen-stream"), gpu_dequant
-        lay.breakdown.update(dequant_s=dequant, gpu_dequant_s=gpu_dequant)
+        shape = c.kv_shape()
+        lay = flexgen_cost(c, c.fraction(self.gpu_budget), self.group_size, self.compress_kv, self.compress_gpu_kv,
+                           self.attention_on, self.host_tier)
         return with_memory(lay, self.footprint(shape), shape)
