@@ -213,8 +213,9 @@ def run(args) -> Path:
         raise ConfigError(f"--docs {args.docs!r} matches no document id (ids look like "
                           f"{'ruler-niah_single_1-4096-0' if ruler else 'needle-8192-30-0'})")
     todo = [d for d in docs if any((d["id"], label) not in done for label, _, _ in configs)]
+    ids_of = {d["id"]: engine.tokenizer(d["prompt"])["input_ids"] for d in todo}  # tokenized once
     for doc in todo:  # every prompt + its answer fits the model, checked before any document runs
-        n = len(engine.tokenizer(doc["prompt"])["input_ids"])
+        n = len(ids_of[doc["id"]])
         new = (ruler_docs.NEW_TOKENS if ruler else NEW_TOKENS)[doc["variant"]]
         if n + new > engine.spec.max_positions:
             raise ConfigError(f"document {doc['id']}: {n} prompt tokens + {new} new exceed {args.model}'s "
@@ -223,7 +224,7 @@ def run(args) -> Path:
           f"{len(docs) - len(todo)} finished before", flush=True)
     with open(out / SAMPLES, "a") as sink:
         for doc in bar(todo, desc=f"{args.source} documents", unit="doc", explicit=True):
-            ids = torch.tensor([engine.tokenizer(doc["prompt"])["input_ids"]])
+            ids = torch.tensor([ids_of[doc["id"]]])
             new = (ruler_docs.NEW_TOKENS if ruler else NEW_TOKENS)[doc["variant"]]
             t0 = time.perf_counter()
             shared = record_prefill(engine, ids, None, max_new_tokens=new)

@@ -43,20 +43,18 @@ TOLERANCE_PCT = 25.0
 def summarize(rows: Sequence[Any]) -> Dict[str, Any]:
     """Counts of rows within +-TOLERANCE_PCT (all, and the independent ones: not fitted), and
     the mean absolute error per source."""
-    def count(sel: List[Any]) -> Dict[str, Any]:
-        ok = [r for r in sel if abs(r.error_pct) <= TOLERANCE_PCT]
-        errs = [abs(r.error_pct) for r in sel]
-        return {"rows": len(sel), "within_25pct": len(ok),
+    def count(errors: List[float]) -> Dict[str, Any]:
+        errs = [abs(e) for e in errors]
+        return {"rows": len(errs), "within_25pct": sum(e <= TOLERANCE_PCT for e in errs),
                 "mean_abs_error_pct": round(sum(errs) / len(errs), 1) if errs else None,
                 "max_abs_error_pct": round(max(errs), 1) if errs else None}
-    out = {"all": count(list(rows)), "independent": count([r for r in rows if not r.fitted])}
+    out = {"all": count([r.error_pct for r in rows]), "independent": count([r.error_pct for r in rows if not r.fitted])}
     for src in sorted({r.source for r in rows}):
-        out[src] = count([r for r in rows if r.source == src])
+        out[src] = count([r.error_pct for r in rows if r.source == src])
     out["outside_25pct"] = [r.name for r in rows if abs(r.error_pct) > TOLERANCE_PCT]
     alone = [r.extra["model_only_error_pct"] for r in rows if "model_only_error_pct" in r.extra]
     if alone:  # this machine's rows priced by the model without their measured per-call residual
-        out["model_only"] = {"rows": len(alone), "within_25pct": sum(abs(e) <= TOLERANCE_PCT for e in alone),
-                             "mean_abs_error_pct": round(sum(abs(e) for e in alone) / len(alone), 1)}
+        out["model_only"] = count(alone)
     return out
 
 
