@@ -24,7 +24,6 @@ if __name__ == "__main__":  # as a command: thread/env settings before torch loa
 
     runtime.apply_or_exit()
 
-import argparse
 import json
 import os
 import platform
@@ -61,7 +60,7 @@ def summarize(rows: Sequence[Any]) -> Dict[str, Any]:
 def markdown(result: Dict[str, Any]) -> str:
     """The validation table (ms) with each row's error, the summary and the run's facts."""
     m = result["machine"]
-    lines = [f"# Performance model vs measurements (predictions are PROJECTED)", "",
+    lines = ["# Performance model vs measurements (predictions are PROJECTED)", "",
              f"Command: `{result['command']}`  ", f"Date: {m['date']}; machine: {m['machine']}; "
              f"load average before / after: {m['loadavg_before']} / {m['loadavg_after']}; elapsed {m['elapsed_s']} s", ""]
     if result.get("probe_skipped"):
