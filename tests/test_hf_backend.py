@@ -48,6 +48,21 @@ def test_full_equals_transformers(pair):
     assert torch.equal(dense[:, -1], logits[:, 0].float())
 
 
+def test_blocked_prefill_equals_transformers(pair, monkeypatch):
+    """A prompt of 18 tokens in query blocks of 4 (gemma3: window 6, left padding) gives
+    transformers' tokens and, up to float64 rounding, its logits."""
+    from hybridgen.hf import blocked_attention
+
+    arch, engine, ref = pair
+    ids, mask = prompts()
+    tokens, logits = reference(ref, ids, mask)
+    monkeypatch.setattr(blocked_attention, "PREFILL_BLOCK", 4)
+    res = engine.generate(ids, "full", max_new_tokens=NEW, attention_mask=mask, return_logits=True)
+    assert torch.equal(res.tokens, tokens)
+    assert (res.logits[:, 0].double() - logits[:, 0]).abs().max() < 1e-6 * logits.abs().max()
+    assert (res.logits.double() - logits.double()).abs().max() < DECODE_TOL * logits.abs().max()
+
+
 @pytest.mark.parametrize("method,params", [("hybrid-exact", {}), ("flexgen", {"gpu_budget": 0.5})])
 def test_lossless_split_equals_full(pair, method, params):
     arch, engine, _ = pair

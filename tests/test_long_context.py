@@ -124,16 +124,19 @@ def test_a_run_on_a_real_model_resumes_and_reports(tmp_path, monkeypatch, capsys
     record = shared_prefill.record_prefill
     monkeypatch.setattr(shared_prefill, "record_prefill", lambda *a, **k: recorded.append(1) or record(*a, **k))
     out = tmp_path / "run"
-    argv = ["--out", str(out), "--model", "smollm2-135m", "--lengths", "160", "--depths", "60", "--samples", "2",
+    argv = ["--out", str(out), "--model", "smollm2-135m", "--lengths", "160", "--depths", "30,60", "--samples", "2",
             "--budgets", "0.25", "--methods", "full,flexgen,h2o"]
     readme = tmp_path / "README.md"
     readme.write_text(f"# top\n{report.README_BEGIN}\nOLD-BLOCK\n{report.README_END}\nafter\n")
     lc.main([*argv, "--readme", str(readme)])
     rows = pd.read_json(out / "samples.jsonl", lines=True)
-    assert len(rows) == 2 * 3 and set(rows["label"]) == {"full", "flexgen@0.25", "h2o@0.25"}
+    assert len(rows) == 4 * 3 and set(rows["label"]) == {"full", "flexgen@0.25", "h2o@0.25"}
+    # sample-major: a run stopped early has covered every depth
+    assert list(dict.fromkeys(rows["doc"])) == ["needle-160-30-0", "needle-160-60-0", "needle-160-30-1-multikey",
+                                                "needle-160-60-1-multikey"]
     by = rows.pivot(index="doc", columns="label", values="generation")
     assert (by["flexgen@0.25"] == by["full"]).all()  # lossless
-    assert len(recorded) == 2  # one dense prefill per document, whatever the number of methods
+    assert len(recorded) == 4  # one dense prefill per document, whatever the number of methods
     spliced = readme.read_text()
     assert "OLD-BLOCK" not in spliced and spliced.endswith(f"{report.README_END}\nafter\n")
     assert "| h2o | 25% |" in spliced and "`full` reaches" in spliced
@@ -147,7 +150,7 @@ def test_a_run_on_a_real_model_resumes_and_reports(tmp_path, monkeypatch, capsys
     (out / "samples.jsonl").write_text("".join(lines[:-2]) + lines[-1][:9])  # killed while writing a document
     lc.main([*argv, "--resume"])  # only the missing (document, configuration) pairs run again
     again = pd.read_json(out / "samples.jsonl", lines=True)
-    assert len(recorded) == 3 and len(again) == len(rows)
+    assert len(recorded) == 5 and len(again) == len(rows)
     key = ["doc", "label"]
     assert again.set_index(key).sort_index()["generation"].equals(rows.set_index(key).sort_index()["generation"])
 

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import CacheLayerMixin
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from hybridgen.hf.blocked_attention import prefill_attention
 from hybridgen.methods import KVMethod
 
 #: the ``attn_implementation`` name under which the backend's attention is registered
@@ -62,17 +62,18 @@ def method_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
     """The ``"hybridgen"`` attention implementation: returns (out [B, T, Hq, D], None).
 
     Prefill of a globally attending layer: transformers' sdpa attention (dense, causal, with
-    its padding mask), then ``method.prefill(layer, q, k, v, valid)``. Decode: ``method.decode``
-    over the KV the method kept. Sliding-window layers and calls without a run: sdpa.
+    its padding mask; a long prompt in query blocks, :mod:`hybridgen.hf.blocked_attention`), then
+    ``method.prefill(layer, q, k, v, valid)``. Decode: ``method.decode`` over the KV the method
+    kept. Sliding-window layers and calls without a run: sdpa (blocked likewise).
     """
     layer = None if hybridgen is None else hybridgen.method_layer.get(getattr(module, "layer_idx", -1))
     if layer is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return prefill_attention(module, query, key, value, attention_mask, dropout=dropout,
+                                 scaling=scaling, **kwargs)
     method = hybridgen.method
     q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
     if hybridgen.phase == PREFILL:
-        out, _ = sdpa_attention_forward(module, q, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        out, _ = prefill_attention(module, q, k, v, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         method.prefill(layer, q, k, v, hybridgen.valid)
         return out, None
     out = method.decode(layer, q, k, v)              # [B, Hq, 1, D]

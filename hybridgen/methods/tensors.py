@@ -105,7 +105,8 @@ def causal_attention_colsum(q: Tensor, k: Tensor, scale: float, valid: Optional[
 
     q [B, Hq, T, D] (queries at positions 0..T-1), k [B, Hkv, T, D]; valid [B, T] or None.
     Only queries i >= query_start contribute; padded queries contribute nothing and padded
-    keys get no probability. Computed in query chunks so memory stays O(chunk * T).
+    keys get no probability. Computed in query chunks so memory stays O(chunk * T), each chunk
+    against the keys up to its last query only (the later ones get no probability).
     Returns [B, Hq, T] float32.
     """
     B, Hq, T, D = q.shape
@@ -113,12 +114,12 @@ def causal_attention_colsum(q: Tensor, k: Tensor, scale: float, valid: Optional[
     kpos = torch.arange(T, device=q.device)
     for s in range(query_start, T, chunk):
         e = min(T, s + chunk)
-        logits = attention_logits(q[:, :, s:e], k, scale)  # [B, Hq, c, T]
-        allowed = kpos[None, :] <= torch.arange(s, e, device=q.device)[:, None]  # [c, T]
+        logits = attention_logits(q[:, :, s:e], k[:, :, :e], scale)  # [B, Hq, c, e]
+        allowed = kpos[None, :e] <= torch.arange(s, e, device=q.device)[:, None]  # [c, e]
         allowed = allowed[None, None]
         if valid is not None:
-            allowed = allowed & valid[:, None, None, :] & valid[:, None, s:e, None]
+            allowed = allowed & valid[:, None, None, :e] & valid[:, None, s:e, None]
         logits = logits.masked_fill(~allowed, NEG_INF)
         probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
-        out += probs.sum(dim=2)
+        out[..., :e] += probs.sum(dim=2)
     return out
