@@ -17,8 +17,8 @@ lm-eval task's ``until: ["\n"]``); the whole decoded text is kept beside it.
 
 Writes ``DIR/run.json`` (the arguments, the model's provenance, code version and environment)
 and appends one JSON line per (document, method) to ``DIR/samples.jsonl`` as each document
-finishes (one write per document; documents run sample by sample, each at every depth, so a run
-stopped early has covered every depth; an unterminated last line, from a run killed mid-write, is
+finishes (one write per document; documents run sample by sample, each at every length and depth,
+so a run stopped early has covered every cell; an unterminated last line, from a run killed mid-write, is
 dropped on resume). An existing DIR is refused unless ``--resume``, which continues it (same
 arguments, same code, same machine; finished (document, configuration) pairs are skipped). ``--report`` (or the end of a run)
 writes the table and figures (:mod:`hybridgen_harness.long_context`).
@@ -214,7 +214,7 @@ def run(args) -> Path:
         raise ConfigError(f"--docs {args.docs!r} matches no document id (ids look like "
                           f"{'ruler-niah_single_1-4096-0' if ruler else 'needle-8192-30-0'})")
     todo = [d for d in docs if any((d["id"], label) not in done for label, _, _ in configs)]
-    todo.sort(key=lambda d: (d["length"], d["sample"]))  # sample-major: a run stopped early covers every depth
+    todo.sort(key=lambda d: d["sample"])  # sample by sample (stable: every length and depth of a sample in turn)
     ids_of = {d["id"]: engine.tokenizer(d["prompt"])["input_ids"] for d in todo}  # tokenized once
     for doc in todo:  # every prompt + its answer fits the model, checked before any document runs
         n = len(ids_of[doc["id"]])

@@ -8,6 +8,8 @@ backend's stand-in query equals the query the layer computes.
 """
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -57,7 +59,10 @@ def test_blocked_prefill_equals_transformers(pair, monkeypatch):
     ids, mask = prompts()
     tokens, logits = reference(ref, ids, mask)
     monkeypatch.setattr(blocked_attention, "PREFILL_BLOCK", 4)
-    res = engine.generate(ids, "full", max_new_tokens=NEW, attention_mask=mask, return_logits=True)
+    with mock.patch.object(blocked_attention, "sdpa_attention_forward",
+                           wraps=blocked_attention.sdpa_attention_forward) as spy:
+        res = engine.generate(ids, "full", max_new_tokens=NEW, attention_mask=mask, return_logits=True)
+    assert any(1 < c.args[1].shape[2] <= 4 for c in spy.call_args_list)  # the prefill did run in blocks
     assert torch.equal(res.tokens, tokens)
     assert (res.logits[:, 0].double() - logits[:, 0]).abs().max() < 1e-6 * logits.abs().max()
     assert (res.logits.double() - logits.double()).abs().max() < DECODE_TOL * logits.abs().max()

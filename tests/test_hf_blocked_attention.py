@@ -46,15 +46,16 @@ def tensors(batch, hq, hkv, t, s, d=8, seed=0):
     return q, k, v, SimpleNamespace(num_key_value_groups=hq // hkv, is_causal=True)
 
 
-@pytest.mark.parametrize("t,s,window,hq,hkv,block", [
-    (37, 37, 6, 4, 1, 8),     # a sliding window, GQA 4:1, 37 = 4 blocks of 8 + 5
-    (37, 37, None, 4, 2, 8),  # causal with a mask
-    (29, 41, 9, 2, 2, 5),     # 12 past keys before the prompt
-    (50, 50, 3, 6, 3, 16),
+@pytest.mark.parametrize("t,s,window,hq,hkv,block,pad", [
+    (37, 37, 6, 4, 1, 8, (0, 4)),     # a sliding window, GQA 4:1, 37 = 4 blocks of 8 + 5
+    (37, 37, 6, 4, 1, 8, (4, 0)),     # the padded row first (a span from row 0 alone fails)
+    (37, 37, None, 4, 2, 8, (0, 4)),  # causal with a mask
+    (29, 41, 9, 2, 2, 5, (3, 0)),     # 12 past keys before the prompt
+    (50, 50, 3, 6, 3, 16, (0, 7)),
 ])
-def test_blocks_equal_the_float64_reference(t, s, window, hq, hkv, block):
+def test_blocks_equal_the_float64_reference(t, s, window, hq, hkv, block, pad):
     q, k, v, module = tensors(2, hq, hkv, t, s)
-    mask = mask_of(2, t, s, window, pad=(0, 4))
+    mask = mask_of(2, t, s, window, pad=pad)
     out, _ = prefill_attention(module, q, k, v, mask, scaling=0.3, block=block)
     want = reference(q, k, v, mask, 0.3)
     valid = mask.any(-1)[:, 0]  # [B, T] rows with a visible key (a fully padded row is undefined)
@@ -63,10 +64,16 @@ def test_blocks_equal_the_float64_reference(t, s, window, hq, hkv, block):
     assert (out - one)[valid].abs().max() < 1e-12
 
 
-def test_causal_call_without_a_mask_is_blocked_causally():
-    q, k, v, module = tensors(1, 4, 2, 23, 23)
+@pytest.mark.parametrize("s", [23, 64])
+def test_causal_call_without_a_mask_is_blocked_causally(s):
+    """No mask: upper-left causal as sdpa's is_causal, also with more keys than queries (a
+    StaticCache prefill, whose keys past the prompt are empty slots)."""
+    q, k, v, module = tensors(1, 4, 2, 23, s)
     out, _ = prefill_attention(module, q, k, v, None, scaling=0.5, block=4)
-    assert (out - reference(q, k, v, mask_of(1, 23, 23), 0.5)).abs().max() < 1e-12
+    allowed = torch.arange(s)[None, :] <= torch.arange(23)[:, None]
+    assert (out - reference(q, k, v, allowed[None, None], 0.5)).abs().max() < 1e-12
+    one, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.5)
+    assert (out - one).abs().max() < 1e-12
 
 
 def test_each_block_reads_only_its_visible_keys():

@@ -7,12 +7,15 @@ prefill spent 68% of its time in attention, most of it on logits the mask then d
 :func:`prefill_attention` splits the queries into blocks of :data:`PREFILL_BLOCK` and attends
 each block to the span of keys from its first to its last visible key (taken from the mask
 itself, so padding, sliding windows and any other mask pattern keep their meaning), through
-transformers' own ``sdpa_attention_forward``: the same kernel on a smaller problem. Causal
-calls without a mask get the causal block mask. Each query's attention is the same sum over
+transformers' own ``sdpa_attention_forward`` (on the CPU the same flash kernel on a smaller
+problem). Causal calls without a mask get the causal block mask. Each query's attention is the same sum over
 the same visible keys; only the kernel's blocking (float rounding) differs from one call.
 
-Prompts of at most :data:`PREFILL_BLOCK` tokens, decode steps, float (additive) masks,
-position biases and non-causal calls without a mask run transformers' call unchanged.
+Prompts of at most :data:`PREFILL_BLOCK` tokens, decode steps, float (additive) masks, masks
+whose last two dimensions are not (T, S), position biases, soft-capping and non-causal calls
+without a mask run transformers' call unchanged; so does a causal call without a mask off the
+CPU (on CUDA one ``is_causal`` call is a flash kernel that already skips the upper half, which an
+explicit mask per block would rule out).
 """
 from __future__ import annotations
 
@@ -36,11 +39,15 @@ def key_span(rows: Tensor) -> Optional[slice]:
 
 
 def _blockable(query: Tensor, key: Tensor, attention_mask: Optional[Tensor], module, kwargs, block: int) -> bool:
+    """Whether :func:`prefill_attention` may split this call into query blocks (see the module's
+    docstring for the calls it leaves whole)."""
     if query.shape[2] <= block or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         return False
     if attention_mask is None:  # sdpa would run upper-left causal: only when the call is causal
         causal = kwargs.get("is_causal")
-        return bool(causal if causal is not None else getattr(module, "is_causal", True))
+        causal = causal if causal is not None else getattr(module, "is_causal", True)
+        return bool(causal) and query.device.type == "cpu"
+
     return attention_mask.dtype == torch.bool and attention_mask.shape[-2:] == (query.shape[2], key.shape[2])
 
 
@@ -61,12 +68,12 @@ def prefill_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value
         stop = min(t, start + block)
         if attention_mask is None:  # upper-left causal, as sdpa's is_causal: query i sees keys 0..i
             span = slice(0, stop)
-            rows = (positions[start:stop, None] >= positions[None, :stop])[None, None]
+            block_mask = (positions[start:stop, None] >= positions[None, :stop])[None, None]
         else:
-            rows = attention_mask[..., start:stop, :]
-            span = key_span(rows) or slice(0, key.shape[2])  # a fully masked block: as the one call
-            rows = rows[..., span]
+            block_rows = attention_mask[..., start:stop, :]
+            span = key_span(block_rows) or slice(0, key.shape[2])  # a fully masked block: as the one call
+            block_mask = block_rows[..., span]
         out, _ = sdpa_attention_forward(module, query[:, :, start:stop], key[:, :, span], value[:, :, span],
-                                        rows, **kwargs)
+                                        block_mask, **kwargs)
         outs.append(out)
     return torch.cat(outs, 1), None
