@@ -17,9 +17,9 @@ lm-eval task's ``until: ["\n"]``); the whole decoded text is kept beside it.
 
 Writes ``DIR/run.json`` (the arguments, the model's provenance, code version and environment)
 and appends one JSON line per (document, method) to ``DIR/samples.jsonl`` as each document
-finishes (one write per document; documents run sample by sample, each at every length and depth,
-so a run stopped early has covered every cell; an unterminated last line, from a run killed mid-write, is
-dropped on resume). An existing DIR is refused unless ``--resume``, which continues it (same
+finishes (one write per document; documents run sample by sample, each at every length and
+depth, so a run stopped early has covered every cell; an unterminated last line, from a run
+killed mid-write, is dropped on resume). An existing DIR is refused unless ``--resume``, which continues it (same
 arguments, same code, same machine; finished (document, configuration) pairs are skipped). ``--report`` (or the end of a run)
 writes the table and figures (:mod:`hybridgen_harness.long_context`).
 

@@ -8,8 +8,9 @@ prefill spent 68% of its time in attention, most of it on logits the mask then d
 each block to the span of keys from its first to its last visible key (taken from the mask
 itself, so padding, sliding windows and any other mask pattern keep their meaning), through
 transformers' own ``sdpa_attention_forward`` (on the CPU the same flash kernel on a smaller
-problem). Causal calls without a mask get the causal block mask. Each query's attention is the same sum over
-the same visible keys; only the kernel's blocking (float rounding) differs from one call.
+problem). Causal calls without a mask get the causal block mask. Each query's attention is the
+same sum over the same visible keys; only the kernel's blocking (float rounding) differs from
+one call.
 
 Prompts of at most :data:`PREFILL_BLOCK` tokens, decode steps, float (additive) masks, masks
 whose last two dimensions are not (T, S), position biases, soft-capping and non-causal calls
@@ -47,7 +48,6 @@ def _blockable(query: Tensor, key: Tensor, attention_mask: Optional[Tensor], mod
         causal = kwargs.get("is_causal")
         causal = causal if causal is not None else getattr(module, "is_causal", True)
         return bool(causal) and query.device.type == "cpu"
-
     return attention_mask.dtype == torch.bool and attention_mask.shape[-2:] == (query.shape[2], key.shape[2])
 
 
