@@ -18,6 +18,9 @@ METHODS = ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch", "hybridgen-p
 # split (nothing streamed)
 AT_TOPK = ("hybridgen", "hybridgen-plain")
 HOST_METHODS = METHODS[1:]
+# run with nothing on the host (host share 0, gpu_budget=1.0) at every context beside ``full``: the
+# split methods must then cost what ``full`` costs (issue 22: HybridGen runs full's code path)
+FITS_METHODS = ("hybridgen", "hybrid-exact")
 Emit = Callable[[Dict[str, Any]], None]
 
 

@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from benchmarks.gpu.config import AT_TOPK, HOST_METHODS, METHODS, BenchConfig, Clock, Emit, error_row, free, make_method, \
-    rel_err, sync
+from benchmarks.gpu.config import AT_TOPK, FITS_METHODS, HOST_METHODS, METHODS, BenchConfig, Clock, Emit, error_row, \
+    free, make_method, rel_err, sync
 from hybridgen.attention.partial import partial_attention
 from hybridgen.testing import MethodDriver, Shape
 
@@ -100,9 +100,14 @@ def run_layer(cfg: BenchConfig, inputs: LayerInputs, name: str, context: int, sh
 
 
 def grid(cfg: BenchConfig) -> List[Point]:
-    """Every (context, host share, method) to run: the target point first, then by context
-    (``full`` once per context: it does not depend on the host share)."""
+    """Every (context, host share, method) to run: the target point first, then the split methods
+    with nothing on the host (share 0) beside ``full`` at every context (cheap: no host copy), then
+    by context (``full`` once per context: it does not depend on the host share)."""
     order: List[Point] = [(cfg.target[0], cfg.target[1], m) for m in METHODS]
+    for c in cfg.contexts:
+        order += [(c, 0.0, m) for m in FITS_METHODS]
+        if not any(o[0] == c and o[2] == "full" for o in order):
+            order.append((c, cfg.shares[0], "full"))
     for c in cfg.contexts:
         if not any(o[0] == c and o[2] == "full" for o in order):
             order.append((c, cfg.shares[0], "full"))
