@@ -239,7 +239,8 @@ def run(args) -> Path:
                 # RULER: generation stops at EOS, as lm-eval's generate_until stops there even with an
                 # empty `until` (needle runs keep their fixed length: their answer is the first line)
                 eos = engine.tokenizer.eos_token_id if ruler else None
-                r = engine.generate(ids, build_method(name, **params), max_new_tokens=new, store=TieredStore(),
+                r = engine.generate(ids, build_method(name, **params), max_new_tokens=new,
+                                    store=TieredStore(gpu_device=engine.device),
                                     shared_prefill=shared, eos_token_id=eos)
                 generated = r.tokens[0].tolist()
                 if eos in generated:

@@ -76,7 +76,8 @@ def method_context(shape: Union[Shape, Sequence[int]], steps: int, *, layers: in
     return MethodContext(num_layers=layers, num_heads=s.heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
                          scale=s.head_dim ** -0.5, batch_size=s.batch, prompt_len=s.prompt_len,
                          max_new_tokens=steps, dtype=dtype, compute_device=torch.device(device),
-                         store=store if store is not None else TieredStore(**(tiers or {})), pool=pool,
+                         store=store if store is not None else TieredStore(**(tiers or {}), gpu_device=device),
+                         pool=pool,
                          rotary=rotary, engine=engine)
 
 

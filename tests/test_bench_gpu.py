@@ -56,7 +56,10 @@ def test_grid_runs_the_target_first_and_full_once_per_context():
     assert order[:7] == [(512, 0.9, m) for m in ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch",
                                                   "hybridgen-plain", "flexgen-stream", "flexgen-cpu")]
     assert sorted(c for c, _, m in order if m == "full") == [256, 512]
-    assert len(order) == len(set(order)) == 2 + 2 * 2 * 6
+    assert len(order) == len(set(order)) == 2 + 2 * 2 * 6 + 2 * 2  # + hybridgen, hybrid-exact at share 0
+    fits = [p for p in order if p[1] == 0.0]
+    assert fits == [(c, 0.0, m) for c in (256, 512) for m in ("hybridgen", "hybrid-exact")]
+    assert order.index(fits[-1]) < min(i for i, p in enumerate(order) if p[1] == 0.5 and p[2] != "full")
 
 
 def test_clock_keeps_margin_and_reserve():

@@ -36,7 +36,7 @@ def _max_rel(run) -> float:
     """Largest |out - ref| / max |ref| over every record, against the float64 reference."""
     worst = 0.0
     for r in run.records:
-        mask = r.valid[:, None, :] if r.valid is not None else None
+        mask = r.valid[:, None, :].to(r.q.device) if r.valid is not None else None
         ref = dense_attention_reference(r.q, r.k, r.v, run.ctx.scale, mask)
         worst = max(worst, float((r.out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)))
     return worst
@@ -85,3 +85,41 @@ def test_bf16_split_on_cuda_is_within_bf16_rounding():
     run = drive(HybridExact(gpu_budget=Budget(ratio=0.5)), shape, 4, seed=7, valid=valid, device="cuda",
                 dtype=torch.bfloat16, pool=POOL)
     assert _max_rel(run) < 2e-2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("seed", range(3))
+def test_full_on_cuda_equals_the_float64_reference(dtype, tol, seed):
+    """``full``'s decode SDPA (cuDNN left out, GQA as query rows) on random GQA shapes."""
+    _, shape, _ = _shape(300 + seed)
+    run = drive(Full(), shape, 4, seed=seed, device="cuda", dtype=dtype, pool=POOL)
+    assert _max_rel(run) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B,Hq,Hkv,T", [(2, 32, 8, 1), (8, 32, 8, 4099), (1, 4, 1, 40000), (3, 12, 4, 777)])
+def test_flash_share_on_cuda_equals_the_reference_and_is_dispatched(dtype, B, Hq, Hkv, T):
+    from hybridgen.attention import cuda as ck
+    from tests._cuda_cases import ref_lse
+
+    g = torch.Generator(device="cuda").manual_seed(T)
+    q = torch.randn(B, Hq, 1, 128, generator=g, device="cuda").to(dtype)
+    k = torch.randn(B, Hkv, T + 16, 128, generator=g, device="cuda").to(dtype)[:, :, :T]  # a capacity view
+    v = torch.randn(B, Hkv, T + 16, 128, generator=g, device="cuda").to(dtype)[:, :, :T]
+    before = ck.dispatch_counts["flash"]
+    out, lse = ck.partial_attention(q, k, v, 128 ** -0.5)
+    assert ck.dispatch_counts["flash"] == before + 1
+    ref = dense_attention_reference(q.cpu(), k.cpu(), v.cpu(), 128 ** -0.5)
+    assert float((out.cpu().double() - ref).abs().max() / ref.abs().max()) < 2e-2
+    assert torch.allclose(lse.cpu().double(), ref_lse(q.cpu(), k.cpu(), 128 ** -0.5), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bf16_merged_share_on_cuda_is_within_bf16_rounding(seed):
+    """The flash share's [out, lse] (bf16 on CUDA) merged with the shipped host part."""
+    gen, shape, _ = _shape(400 + seed)
+    split = gen.randint(1, shape[-1] - 1)
+    m = HybridGen(gpu_budget=Budget(tokens=split), topk_ratio=1.0, min_topk=0, ship=("logits", "partial")[seed % 2])
+    run = drive(m, shape, 4, seed=seed, device="cuda", dtype=torch.bfloat16, pool=POOL)
+    assert _max_rel(run) < 2e-2
+    assert m.stats["topk_selected"] > 0

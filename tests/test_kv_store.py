@@ -205,3 +205,12 @@ def test_unknown_tier_is_config_error():
         TieredStore()["hbm"]
     with pytest.raises(ConfigError):
         Tier("ssd")
+
+
+def test_the_gpu_tier_follows_the_engine_device_on_a_cuda_machine(monkeypatch):
+    """On a machine with CUDA, a CPU engine's default store keeps its gpu tier on the CPU
+    (emulated) instead of refusing the run; without gpu_device the tier is CUDA's."""
+    monkeypatch.setattr(tiers_mod, "cuda_available", lambda: True)
+    assert TieredStore()["gpu"].device.type == "cuda" and not TieredStore()["gpu"].emulated
+    gpu = TieredStore(gpu_device="cpu")["gpu"]
+    assert gpu.device.type == "cpu" and gpu.emulated

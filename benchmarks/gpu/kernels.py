@@ -1,9 +1,13 @@
-"""Section 6: the CuPy kernels (``hybridgen.attention.cuda``) against torch on GPU-resident KV.
+"""Section 6: the GPU attention kernels (``hybridgen.attention.cuda``) against torch on GPU-resident KV.
 
-Per context T: q [B, Hq, 1, D], k and v [B, Hkv, T, D]; the partial kernel (out + LSE) and
-the fused GPU half of hybridgen (host top-k logits [B, Hq, K] and V rows [B, Hkv, K, D] with
-K = 5% of 9x the GPU part, merged in one softmax with the GPU-resident part). Median of
-``cfg.kernel_reps``; a context is not started once the clock has run out.
+Per context T: q [B, Hq, 1, D], k and v [B, Hkv, T, D]; the partial kernels (out + LSE: torch's
+plain ops, torch's flash kernel with its LSE as HybridGen's share runs it, the CuPy kernel);
+``full``'s decode attention (:func:`hybridgen.methods.full.sdpa_decode`) at a fixed length and
+with the key length growing by one per call, as in decoding, beside torch's default SDPA
+backends (cuDNN included) likewise; and the fused GPU half of hybridgen (host top-k logits
+[B, Hq, K] and V rows [B, Hkv, K, D] with K = 5% of 9x the GPU part, merged in one softmax
+with the GPU-resident part). Median of ``cfg.kernel_reps``; a context is not started once the
+clock has run out.
 """
 from __future__ import annotations
 
@@ -11,9 +15,24 @@ from typing import Any, Dict
 
 import torch
 
+import torch.nn.functional as F
+
 from benchmarks.gpu.config import BenchConfig, Clock, Emit, error_row, free, rel_err, sync
+from hybridgen.attention.cuda.flash import flash_partial_attention
 from hybridgen.attention.partial import attention_logits, partial_attention, softmax_over_parts
+from hybridgen.methods.full import sdpa_decode
 from hybridgen.timing import median_time
+
+
+def _growing(fn, k, v, reps: int):
+    """A call of ``fn(k[:, :, :n], v[:, :, :n])`` whose length n grows by one per call (n ends at T)."""
+    T = k.shape[2]
+    n = [T - reps - 2]
+
+    def call():
+        n[0] = min(n[0] + 1, T)
+        return fn(k[:, :, :n[0]], v[:, :, :n[0]])
+    return call
 
 
 def run_kernels(cfg: BenchConfig, device: torch.device, clock: Clock, emit: Emit) -> None:
@@ -38,14 +57,25 @@ def run_kernels(cfg: BenchConfig, device: torch.device, clock: Clock, emit: Emit
         v = torch.randn(B, Hkv, T, D, generator=g, device=device).to(cfg.dtype)
         nbytes = 2 * k.numel() * k.element_size()
         ref = partial_attention(q.float(), k.float(), v.float(), scale)[0]
-        variants = [("partial torch", lambda: partial_attention(q, k, v, scale))]
+        def default_sdpa(kk, vv):
+            return F.scaled_dot_product_attention(q, kk, vv, scale=scale, enable_gqa=Hq != Hkv)
+
+        variants = [("partial torch", lambda: partial_attention(q, k, v, scale)),
+                    ("partial flash (HybridGen's share)", lambda: flash_partial_attention(q, k, v, scale))]
         if avail:
             variants.append(("partial cupy", lambda: ck.cupy_partial_attention(q, k, v, scale)))
+        variants += [("sdpa_decode (full), fixed length", lambda: (sdpa_decode(q, k, v, scale),)),
+                     ("sdpa_decode (full), length +1 per call",
+                      _growing(lambda kk, vv: (sdpa_decode(q, kk, vv, scale),), k, v, cfg.kernel_reps)),
+                     ("sdpa default backends, fixed length", lambda: (default_sdpa(k, v),)),
+                     ("sdpa default backends, length +1 per call",
+                      _growing(lambda kk, vv: (default_sdpa(kk, vv),), k, v, cfg.kernel_reps))]
         for label, fn in variants:
             row: Dict[str, Any] = {"section": "kernels", "method": label, "context": T}
             try:
                 s = timed(fn)
-                row.update(ms=s * 1e3, kv_gbps=nbytes / s / 1e9, rel_err=rel_err(fn()[0], ref), status="ok")
+                err = rel_err(fn()[0], ref) if "length +1" not in label else None  # a shorter KV than ref's
+                row.update(ms=s * 1e3, kv_gbps=nbytes / s / 1e9, rel_err=err, status="ok")
             except Exception as err:  # noqa: BLE001
                 error_row(row, err)
             emit(row)

@@ -49,7 +49,8 @@ def make_store(hw: Mapping[str, Any], engine=None, capacities: Optional[Mapping[
     caps = resolve_capacities(hw, engine) if capacities is None else capacities
     cxl_node = hw.get("cxl_node", "auto")
     return TieredStore(gpu=caps["gpu"], dram=caps["dram"], cxl=caps["cxl"], cxl_node=cxl_node,
-                       dram_node=hw.get("dram_node"), spill=True)
+                       dram_node=hw.get("dram_node"), spill=True,
+                       gpu_device=None if engine is None else engine.device)
 
 
 @torch.no_grad()

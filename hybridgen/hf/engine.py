@@ -192,7 +192,7 @@ class HFEngine(TextIO):
         self.release()
         if store is None:
             from hybridgen.kv import TieredStore
-            store = TieredStore()
+            store = TieredStore(gpu_device=self.device)
         if store["gpu"].device.type != self.device.type:
             raise ConfigError(f"the engine runs on {self.device} but the store's gpu tier is on "
                               f"{store['gpu'].device}; load the model with device='{store['gpu'].device.type}'")

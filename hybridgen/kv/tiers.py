@@ -56,22 +56,27 @@ class Tier:
     """One memory tier: a device, an optional capacity in bytes, and a ledger of allocations.
 
     name: 'gpu' | 'dram' | 'cxl'. numa_node: bind host memory to this node (cxl tier).
-    pinned: page-locked host memory (only when CUDA is available).
+    pinned: page-locked host memory (only when CUDA is available). gpu_device: where the gpu
+    tier lives (default: CUDA when available, else the CPU, emulated); a CPU engine on a CUDA
+    machine passes its own device.
     """
 
     def __init__(self, name: str, capacity: Optional[int] = None, numa_node: Optional[int] = None,
-                 pin: bool = True):
+                 pin: bool = True, gpu_device: Union[None, str, torch.device] = None):
         if name not in TIER_NAMES:
             raise ConfigError(f"unknown tier {name!r}; tiers are {', '.join(TIER_NAMES)}")
         self.name = name
         self.capacity = capacity
-        self.device = torch.device("cuda") if name == "gpu" and cuda_available() else torch.device("cpu")
+        if name == "gpu" and gpu_device is not None:
+            self.device = torch.device(gpu_device)
+        else:
+            self.device = torch.device("cuda") if name == "gpu" and cuda_available() else torch.device("cpu")
         self.pinned = name != "gpu" and pin and cuda_available()
         self.numa_node = numa_node if name != "gpu" else None
         self.numa_bound = self.numa_node is not None and numa.binding_supported()
         # Emulated: the tier is not the hardware it stands for.
         if name == "gpu":
-            self.emulated = not cuda_available()
+            self.emulated = self.device.type != "cuda"
         elif name == "cxl":
             self.emulated = not self.numa_bound
         else:
@@ -197,14 +202,16 @@ class TieredStore:
     'auto' picks the first CPU-less node when there is one. spill: a DRAM allocation past the
     DRAM capacity lands on the cxl tier (host memory expanded with CXL: the projection's rule,
     :mod:`hybridgen.perf.host_tiers`); without it the DRAM tier refuses (CapacityError).
+    gpu_device: the gpu tier's device (default CUDA when available; an engine passes its own).
     """
 
     def __init__(self, gpu: Optional[int] = None, dram: Optional[int] = None, cxl: Optional[int] = None,
-                 cxl_node: Union[None, int, str] = "auto", dram_node: Optional[int] = None, spill: bool = False):
+                 cxl_node: Union[None, int, str] = "auto", dram_node: Optional[int] = None, spill: bool = False,
+                 gpu_device: Union[None, str, torch.device] = None):
         if cxl_node == "auto":
             cxl_node = numa.cxl_candidate_node()
         self.tiers: Dict[str, Tier] = {
-            "gpu": Tier("gpu", parse_bytes(gpu)),
+            "gpu": Tier("gpu", parse_bytes(gpu), gpu_device=gpu_device),
             "dram": Tier("dram", parse_bytes(dram), numa_node=dram_node),
             "cxl": Tier("cxl", parse_bytes(cxl), numa_node=cxl_node),
         }

@@ -6,18 +6,31 @@ from typing import ClassVar, List, Optional
 
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hybridgen.attention import partial_attention
 from hybridgen.kv import KVSegment
 from hybridgen.methods.protocol import KVMethod, MethodContext
 
+#: SDPA backends of a decode step, in torch's order, without cuDNN's: cuDNN builds an execution
+#: graph per key length, and a decode step's length is new every step (on the H200 every step of
+#: a Llama-3.1-8B layer took ~60 ms of graph building whatever the context, against ~0.1-1 ms of
+#: attention: ``results/gpu/``)
+DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
 
 def sdpa_decode(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """Torch's scaled_dot_product_attention (flash / memory-efficient on CUDA) over GQA KV.
+    """Torch's scaled_dot_product_attention (flash / memory-efficient on CUDA: DECODE_BACKENDS) over GQA KV.
 
+    The G = Hq / Hkv query heads of a KV head are G query rows over its keys (no causal mask at
+    one decode token), so every backend takes it without repeating KV heads.
     q [B, Hq, 1, D]; k, v [B, Hkv, T, D] (views with stride 1 in D); returns [B, Hq, 1, D].
     """
-    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    B, Hq, _, D = q.shape
+    Hkv = k.shape[1]
+    with sdpa_kernel(DECODE_BACKENDS):
+        out = F.scaled_dot_product_attention(q.reshape(B, Hkv, Hq // Hkv, D), k, v, scale=scale)
+    return out.reshape(B, Hq, 1, D)
 
 
 def dense_decode(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Optional[Tensor] = None) -> Tensor:

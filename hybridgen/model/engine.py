@@ -290,7 +290,7 @@ class Engine(TextIO):
         self.release()  # a run left bound (keep=True) frees its KV before the next one starts
         if store is None:
             from hybridgen.kv import TieredStore
-            store = TieredStore()
+            store = TieredStore(gpu_device=self.device)
         if store["gpu"].device.type != self.device.type:
             raise ConfigError(f"the engine runs on {self.device} but the store's gpu tier is on "
                               f"{store['gpu'].device}; load the model with device='{store['gpu'].device.type}'")

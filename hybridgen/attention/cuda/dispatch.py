@@ -10,6 +10,10 @@ one warning; ``HYBRIDGEN_CUPY=0`` turns the CuPy path off, ``HYBRIDGEN_CUPY=stri
 failures raise. The first CuPy result of each kernel and dtype is checked against torch
 (:mod:`hybridgen.attention.cuda.verification`).
 
+``partial_attention`` first tries torch's own flash kernel, which returns the log-sum-exp
+(:mod:`hybridgen.attention.cuda.flash`: unmasked fp16/bf16 decode), verified on first use the
+same way; it measured several times the CuPy kernel's bandwidth on the H200 (``results/gpu/``).
+
 Used by ``hybrid-exact`` and FlexGen (``partial_attention``) and ``hybridgen``
 (``partial_attention`` over its GPU share before the host top-k arrives, so it overlaps the
 CPU branch, then ``softmax_over_parts`` over the shipped part and the share's [lse, out]:
@@ -24,7 +28,7 @@ import torch
 from torch import Tensor
 
 from hybridgen.attention import partial as _torch_impl
-from hybridgen.attention.cuda import state, verification
+from hybridgen.attention.cuda import flash, state, verification
 from hybridgen.attention.cuda.execution import (
     cupy_hybrid_decode_attention,
     cupy_partial_attention,
@@ -73,13 +77,36 @@ def _dispatch(cupy_fn: Callable[..., Any], torch_fn: Callable[..., Any], dtype: 
 
 def partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
                       mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """:func:`hybridgen.attention.partial_attention` on the CuPy kernel when it applies.
+    """:func:`hybridgen.attention.partial_attention` on the fastest GPU kernel that applies: torch's
+    flash kernel with its LSE (:mod:`.flash`: one query token, no mask, fp16/bf16), else the CuPy
+    kernel (masks, fp32), else torch.
 
     q: [B, Hq, Tq, D]; k, v: [B, Hkv, T, D]; mask: [B, Hkv, T]-broadcastable bool.
     Returns (out [B, Hq, Tq, D] in q's dtype, lse [B, Hq, Tq] float32).
     """
+    if (mask is None and _on_cuda(q, k, v) and flash.applies(q, k, v)
+            and "flash_partial_attention" not in state.rejected):
+        res = _try_flash(q, k, v, scale)
+        if res is not None:
+            value, path = verification.check_result("flash_partial_attention", k.dtype, res,
+                                                    _torch_impl.partial_attention, (q, k, v, scale, None), path="flash")
+            state.dispatch_counts[path] += 1
+            return value
     return _dispatch(cupy_partial_attention, _torch_impl.partial_attention, k.dtype, (q, k, v, mask),
                      q, k, v, scale, mask)
+
+
+def _try_flash(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Optional[Tuple[Tensor, Tensor]]:
+    """Torch's flash kernel with its LSE (:mod:`.flash`); None (one warning) when it raises."""
+    try:
+        return flash.flash_partial_attention(q, k, v, scale)
+    except Exception as err:  # noqa: BLE001 - a torch build without the kernel: fall back, once loudly
+        if state.strict():
+            raise
+        state.rejected.add("flash_partial_attention")
+        warnings.warn(f"torch's flash attention with LSE failed ({type(err).__name__}: {err}); "
+                      "using the CuPy / torch partial", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def softmax_over_parts(parts: Sequence[Tuple[Tensor, Tensor]], num_kv_heads: int) -> Tensor:

@@ -21,7 +21,7 @@ from typing import Any, Dict, Set, Tuple
 import torch
 
 #: how often each path ran in this process: {"cupy": n, "torch": m} (benchmarks print it).
-dispatch_counts: Dict[str, int] = {"cupy": 0, "torch": 0}
+dispatch_counts: Dict[str, int] = {"flash": 0, "cupy": 0, "torch": 0}
 
 #: (dtype, head_dim, group, device index) -> {kernel name: CuPy RawKernel}
 compiled_kernels: Dict[Tuple[torch.dtype, int, int, int], Dict[str, Any]] = {}

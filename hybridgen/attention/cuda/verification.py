@@ -36,8 +36,9 @@ def max_rel_err(got: Any, ref: Any) -> float:
 
 
 def check_result(name: str, dtype: torch.dtype, result: Any, torch_fn: Callable[..., Any],
-                 args: Tuple[Any, ...]) -> Tuple[Any, str]:
-    """(value to return, path taken: 'cupy' or 'torch') for a CuPy result of entry point `name`.
+                 args: Tuple[Any, ...], path: str = "cupy") -> Tuple[Any, str]:
+    """(value to return, path taken: ``path`` or 'torch') for a GPU kernel's result of entry point
+    `name` (a CuPy kernel, or torch's flash kernel with ``path='flash'``).
 
     Trusted once (name, dtype) has been verified; otherwise compared with ``torch_fn(*args)``.
     A disagreement rejects `name` for the process (RuntimeError under HYBRIDGEN_CUPY=strict)
@@ -45,13 +46,13 @@ def check_result(name: str, dtype: torch.dtype, result: Any, torch_fn: Callable[
     """
     key = (name, dtype)
     if key in state.verified:
-        return result, "cupy"
+        return result, path
     ref = torch_fn(*args)
     err = max_rel_err(result, ref)
     if err <= VERIFY_TOL.get(dtype, 3e-2):
         state.verified.add(key)
-        return result, "cupy"
-    msg = (f"CuPy kernel {name} disagrees with torch on its first call ({dtype}, max relative "
+        return result, path
+    msg = (f"GPU kernel {name} disagrees with torch on its first call ({dtype}, max relative "
            f"error {err:.2e}); using the torch fallback for the rest of this process")
     if state.strict():
         raise RuntimeError(msg)
