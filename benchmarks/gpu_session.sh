@@ -27,7 +27,7 @@ all_but_one=$(( cores > 1 ? cores - 1 : 1 ))
 echo "== machine"
 {
   date -u +"%Y-%m-%d %H:%M UTC"
-  git rev-parse HEAD 2>/dev/null || echo "no git"
+  echo "code: the working tree sent to this machine (its .git may be older; the results README names the commit)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "no nvidia-smi"
   lscpu 2>/dev/null | grep -E "^Model name|^CPU\(s\)|^NUMA node\(s\)|^L3|^Flags" | cut -c1-400
   free -g 2>/dev/null | head -2

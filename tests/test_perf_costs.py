@@ -94,12 +94,21 @@ def test_group_score_and_topk_rates_are_priced():
 
 
 def test_gqa_rate_prices_the_unfused_partials_not_full_or_mha():
+    """The unfused rate prices a GQA partial only where it runs unfused: fp32 KV, or a CPU-emulated
+    GPU; a 16-bit partial on a real GPU is torch's flash kernel, priced at the fused rate."""
     slow_gqa = {"gqa_attention_gbps": 100.0}
     assert full_cost(ctx(gpu=slow_gqa)).attn == pytest.approx(full_cost(ctx()).attn)     # fused SDPA
-    a, b = cpu_attention_split_cost(ctx(), 0.5), cpu_attention_split_cost(ctx(gpu=slow_gqa), 0.5)
+    fp32 = pm.Workload(batch=W.batch, context=W.context, dtype="fp32")
+    a, b = cpu_attention_split_cost(ctx(w=fp32), 0.5), cpu_attention_split_cost(ctx(w=fp32, gpu=slow_gqa), 0.5)
     assert b.breakdown["gpu_attn_s"] > a.breakdown["gpu_attn_s"]
-    mha = cpu_attention_split_cost(ctx(MHA, gpu=slow_gqa), 0.5).breakdown["gpu_attn_s"]
-    assert mha == pytest.approx(cpu_attention_split_cost(ctx(MHA), 0.5).breakdown["gpu_attn_s"])
+    emulated = {"emulated_on_host": True}
+    a = cpu_attention_split_cost(ctx(gpu=emulated), 0.5)
+    assert cpu_attention_split_cost(ctx(gpu={**emulated, **slow_gqa}), 0.5).breakdown["gpu_attn_s"] > \
+        a.breakdown["gpu_attn_s"]
+    flash = cpu_attention_split_cost(ctx(gpu=slow_gqa), 0.5).breakdown["gpu_attn_s"]  # bf16 on the H200
+    assert flash == pytest.approx(cpu_attention_split_cost(ctx(), 0.5).breakdown["gpu_attn_s"])
+    mha = cpu_attention_split_cost(ctx(MHA, w=fp32, gpu=slow_gqa), 0.5).breakdown["gpu_attn_s"]
+    assert mha == pytest.approx(cpu_attention_split_cost(ctx(MHA, w=fp32), 0.5).breakdown["gpu_attn_s"])
 
 
 def test_an_emulated_gpu_adds_the_branches():

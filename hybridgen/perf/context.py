@@ -7,8 +7,10 @@ on the host (:meth:`CostContext.split` of its ``gpu_budget``).
 
   kv_tok  = 2*Hkv*D*b            K+V bytes of one token of one sequence
   key_tok = Hkv*D*b
-  gpu_attn(n)  = B*n*kv_tok / R_gpu + launch     R_gpu = gpu.attention_gbps (fused, ``full``) or,
-                 for the unfused partials of a GQA layer (Hq > Hkv), gpu.gqa_attention_gbps
+  gpu_attn(n)  = B*n*kv_tok / R_gpu + launch     R_gpu = gpu.attention_gbps (fused: ``full``, and
+                 the dispatcher's partials of 16-bit KV on a real GPU, ``partial_fused``: torch's
+                 flash kernel with its LSE) or, for the unfused partials of a GQA layer
+                 (Hq > Hkv), gpu.gqa_attention_gbps
   gpu_keys(n) / gpu_values(n): the logits half / the weighted-sum half of gpu_attn(n)
   rest         = max(W_layer / gpu.hbm_gbps, 2*B*P_layer / gpu.matmul_tflops) + 10*launch
                  (W_layer, P_layer: bytes / parameters of the layer's projections and MLP)
@@ -137,6 +139,13 @@ class CostContext:
         if fused or self.Hq == self.Hkv or g.gqa_attention_gbps is None:
             return g.attention_gbps
         return g.gqa_attention_gbps
+
+    @property
+    def partial_fused(self) -> bool:
+        """A partial attention through the GPU dispatcher (:func:`hybridgen.attention.cuda.partial_attention`:
+        hybrid-exact's and FlexGen's GPU parts) runs torch's flash kernel with its LSE: 16-bit KV on
+        a real GPU (:mod:`hybridgen.attention.cuda.flash`); fp32 and a CPU-emulated GPU run unfused."""
+        return self.w.dtype_key in ("bf16", "fp16") and not self.emulated
 
     def gpu_attn(self, tokens: float, fused: bool = False) -> float:
         """Dense decode attention over ``tokens`` KV tokens per sequence on the GPU."""

@@ -71,7 +71,8 @@ def stream_cost(c: CostContext, gpu_share: float, wire_bytes: Optional[float] = 
     xfer = c.host_copy(nbytes / 2, key_tier) * 2 if nbytes else 0.0  # K and V, one copy each
     parts = int(S_g > 0) + int(S_h > 0)
     fixed = c.fixed(gpu_kernels=parts * (PARTIAL_KERNELS - 1) + (MERGE_KERNELS if parts == 2 else 0))
-    gpu = c.gpu_attn(S_g) + c.gpu_attn(S_h) - (2 - parts) * c.launch + gpu_extra + fixed
+    fused = c.partial_fused  # FlexGen's partials go through the GPU dispatcher
+    gpu = c.gpu_attn(S_g, fused) + c.gpu_attn(S_h, fused) - (2 - parts) * c.launch + gpu_extra + fixed
     return LayerCost(attn=xfer + gpu, layer=max(xfer, c.rest + gpu), gpu=c.rest + gpu, transfer=xfer,
                      gpu_tokens=S_g, staging_tokens=2 * S_h,  # double-buffered staging of one layer
                      breakdown={"h2d_bytes": nbytes, "transfer_s": xfer, "gpu_attn_s": gpu, "rest_s": c.rest,
@@ -96,7 +97,7 @@ def cpu_attention_split_cost(c: CostContext, gpu_share: float, merge: bool = Tru
     host_fixed = c.fixed(host_ops=SPLIT_HOST_OPS) if S_h else 0.0
     cpu = cpu_attn + host_fixed + xfer
     gpu_fixed = c.fixed(gpu_kernels=PARTIAL_KERNELS - 1) if S_g else 0.0
-    gpu_attn = c.gpu_attn(S_g) + gpu_fixed if S_g else 0.0
+    gpu_attn = c.gpu_attn(S_g, c.partial_fused) + gpu_fixed if S_g else 0.0  # the GPU dispatcher's partial
     after = c.fixed(gpu_kernels=MERGE_KERNELS) if merge and S_g and S_h else 0.0
     both = cpu + gpu_attn if serial else c.overlap(cpu, gpu_attn)
     attn = both + after
