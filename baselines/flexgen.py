@@ -57,7 +57,7 @@ from baselines import quant
 from hybridgen.methods.tensors import needs_mask
 from hybridgen.methods.tiered import TieredMethod
 from hybridgen.attention import merge_partials
-from hybridgen.attention.cuda import partial_attention  # CuPy on CUDA, torch otherwise
+from hybridgen.attention.cuda import partial_attention  # flash / CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.kv.transfer import DeviceToHost, HostToDevice, after_copy
 from hybridgen.methods import Budget, MethodContext, PositiveInt

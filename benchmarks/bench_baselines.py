@@ -114,7 +114,7 @@ def run_one(engine, method, ids, ref_tokens, pool=None, shared=None) -> dict:
     """Prefill + teacher-forced decode of ``ref_tokens`` [B, n]; timings, bytes, logits [B, n, V].
     shared: the prompt's recorded dense prefill (the method starts from it; prefill_s is its own part)."""
     n = int(ref_tokens.shape[1])
-    store = TieredStore()
+    store = TieredStore(gpu_device=engine.device)
     sync = (lambda: torch.cuda.synchronize()) if engine.device.type == "cuda" else (lambda: None)
     try:
         sync()
@@ -211,7 +211,7 @@ def main(argv=None) -> None:
             print(f"  dense prefill, recorded once for every method: {dense_prefill_s:.1f} s "
                   f"({shared.nbytes / 2 ** 30:.2f} GiB of q/k/v)", flush=True)
         t0 = time.perf_counter()
-        store = TieredStore()
+        store = TieredStore(gpu_device=engine.device)
         ref = engine.generate(ids, _make("full", args.budget), max_new_tokens=args.new_tokens, store=store,
                               return_logits=True, shared_prefill=shared)
         ref_tokens = ref.tokens

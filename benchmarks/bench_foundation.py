@@ -81,7 +81,7 @@ class SideBySide(KVMethod):
 
     def bind(self, ctx: MethodContext) -> None:
         super().bind(ctx)
-        self.stores = {n: TieredStore() for n in self.children}
+        self.stores = {n: TieredStore(gpu_device=ctx.compute_device) for n in self.children}
         for n, m in self.children.items():
             m.bind(dataclasses.replace(ctx, store=self.stores[n]))
         self.attn_s = {n: 0.0 for n in self.children}
@@ -174,7 +174,7 @@ def bench_shared(engine, ids, args, pool) -> List[dict]:
 def bench_separate(engine, ids, args, pool) -> List[dict]:
     rows, ref_tokens = [], None
     for n, m in _methods(args.host_shares, args.sinks).items():
-        store = TieredStore()
+        store = TieredStore(gpu_device=engine.device)
         res = engine.generate(ids, m, max_new_tokens=args.steps + 1, store=store, pool=pool)
         if ref_tokens is None:
             ref_tokens = res.tokens

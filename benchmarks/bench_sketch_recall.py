@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     for ctx in [int(c) for c in args.ctx.split(",")]:
         ids = prompt_ids(engine.tokenizer, engine.spec.vocab_size, args.source, 1, ctx, 0)
         method = CapturingFull()
-        store = TieredStore()
+        store = TieredStore(gpu_device=engine.device)
         engine.prefill(ids, None, method, store=store, max_new_tokens=1)
         scale = engine.spec.head_dim ** -0.5
         per_layer = {}

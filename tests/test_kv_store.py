@@ -212,5 +212,7 @@ def test_the_gpu_tier_follows_the_engine_device_on_a_cuda_machine(monkeypatch):
     (emulated) instead of refusing the run; without gpu_device the tier is CUDA's."""
     monkeypatch.setattr(tiers_mod, "cuda_available", lambda: True)
     assert TieredStore()["gpu"].device.type == "cuda" and not TieredStore()["gpu"].emulated
-    gpu = TieredStore(gpu_device="cpu")["gpu"]
-    assert gpu.device.type == "cpu" and gpu.emulated
+    assert TieredStore()["dram"].pinned and TieredStore()["cxl"].pinned  # copied to the GPU: pinned
+    store = TieredStore(gpu_device="cpu")
+    assert store["gpu"].device.type == "cpu" and store["gpu"].emulated
+    assert not store["dram"].pinned and not store["cxl"].pinned  # nothing is copied to a GPU

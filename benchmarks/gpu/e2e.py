@@ -26,7 +26,7 @@ def _decode(engine, method, ids: torch.Tensor, tokens: int, device: torch.device
     with torch.no_grad():
         sync(device)
         t0 = time.perf_counter()
-        tok = engine.prefill(ids, None, method, TieredStore(), tokens).argmax(-1)
+        tok = engine.prefill(ids, None, method, TieredStore(gpu_device=engine.device), tokens).argmax(-1)
         sync(device)
         out["prefill_s"] = time.perf_counter() - t0
         toks = [tok]

@@ -109,8 +109,6 @@ def grid(cfg: BenchConfig) -> List[Point]:
         if not any(o[0] == c and o[2] == "full" for o in order):
             order.append((c, cfg.shares[0], "full"))
     for c in cfg.contexts:
-        if not any(o[0] == c and o[2] == "full" for o in order):
-            order.append((c, cfg.shares[0], "full"))
         order += [(c, s, m) for s in cfg.shares for m in HOST_METHODS if (c, s, m) not in order]
     return order
 

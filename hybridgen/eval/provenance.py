@@ -76,7 +76,7 @@ def same_code(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) ->
 
 
 def cuda_dispatch_counts() -> Dict[str, int]:
-    """A copy of the CUDA attention dispatch counters ({'cupy': n, 'torch': m}); {} without them."""
+    """A copy of the CUDA attention dispatch counters ({'flash': n, 'cupy': m, 'torch': k}); {} without them."""
     try:
         from hybridgen.attention.cuda import dispatch_counts
     except ImportError:  # pragma: no cover - the CUDA package is part of the library
@@ -91,7 +91,7 @@ def kernels_used(method_config: Mapping[str, Any], kv_dtype: torch.dtype,
     method_config: the method's ``config()``; kv_dtype: the dtype its KV is kept in (the
     model's); cuda_before: :func:`cuda_dispatch_counts` taken before the run.
     Returns {'cpu_scan': 'numba' | 'torch' | None (the method has no CPU scan),
-    'cpu_topk': ..., 'cuda_attention': {'cupy': calls, 'torch': calls} during the run,
+    'cpu_topk': ..., 'cuda_attention': {'flash': calls, 'cupy': calls, 'torch': calls} during the run,
     'numba_available': bool, 'cupy_available': bool}.
     """
     from hybridgen.attention import cpu_scan

@@ -142,7 +142,7 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     cpu = scan + group + topk + rerank + gather + host_fixed + xfer if S_h else 0.0
     exact = c.gather_time(c.B * Hsel * k, row, key_tier) + c.fixed(host_ops=1) if pipelined and k else 0.0
     if fused_share:  # the share's [lse, out]: one softmax entry per query head after the wait
-        gpu_pre = c.gpu_attn(S_g, fused=True) + c.fixed(gpu_kernels=SHARE_PRE_KERNELS - 1) if S_g else 0.0
+        gpu_pre = c.gpu_attn(S_g, c.partial_fused) + c.fixed(gpu_kernels=SHARE_PRE_KERNELS - 1) if S_g else 0.0
         entries, rows = k + 1, k * Hsel / c.Hkv + c.Hq / c.Hkv
     else:
         gpu_pre = c.gpu_keys(S_g) if S_g else 0.0

@@ -33,7 +33,7 @@ from typing import ClassVar, Deque, FrozenSet, List, Optional
 from torch import Tensor
 
 from hybridgen.attention import merge_partials
-from hybridgen.attention.cuda import partial_attention  # CuPy on CUDA, torch otherwise
+from hybridgen.attention.cuda import partial_attention  # flash / CuPy on CUDA, torch otherwise
 from hybridgen.attention.cpu_pool import default_pool
 from hybridgen.hybrid.memory import hybrid_exact_footprint
 from hybridgen.kv import KVSegment

@@ -7,8 +7,9 @@ Two cases, chosen per layer and step by :meth:`HybridGen.decode <hybridgen.hybri
   fused SDPA on CUDA without padding, ``partial_attention`` otherwise), on the gpu segment, so
   the output is ``full``'s bit for bit where the segment holds the same tokens in the same order;
 - host tokens: the gpu segment is attended before the wait for the CPU branch by the fused
-  partial attention that returns the log-sum-exp (:func:`gpu_share_partial`: the CuPy kernel
-  on CUDA, torch's ``partial_attention`` otherwise; torch's SDPA returns no LSE), and after
+  partial attention that returns the log-sum-exp (:func:`gpu_share_partial`: on CUDA torch's
+  flash kernel with its LSE, :mod:`hybridgen.attention.cuda.flash`, or the CuPy kernel for masked
+  and fp32 KV; torch's ``partial_attention`` otherwise), and after
   the wait :func:`merge_with_host` joins it to the CPU's shipped part (and a three-way streamed
   slice) by the exact LSE merge: the partial enters the one softmax as ONE entry per query
   head with logit ``lse`` and value ``out`` (exp(lse) * out is the share's unnormalised sum),
@@ -23,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from torch import Tensor
 
-from hybridgen.attention.cuda import partial_attention, softmax_over_parts  # CuPy on CUDA, torch otherwise
+from hybridgen.attention.cuda import partial_attention, softmax_over_parts  # flash / CuPy on CUDA, torch otherwise
 from hybridgen.kv import KVSegment
 from hybridgen.methods.full import dense_decode
 

@@ -202,7 +202,8 @@ class TieredStore:
     'auto' picks the first CPU-less node when there is one. spill: a DRAM allocation past the
     DRAM capacity lands on the cxl tier (host memory expanded with CXL: the projection's rule,
     :mod:`hybridgen.perf.host_tiers`); without it the DRAM tier refuses (CapacityError).
-    gpu_device: the gpu tier's device (default CUDA when available; an engine passes its own).
+    gpu_device: the gpu tier's device (default CUDA when available; an engine passes its own);
+    the host tiers pin their memory only when that device is CUDA.
     """
 
     def __init__(self, gpu: Optional[int] = None, dram: Optional[int] = None, cxl: Optional[int] = None,
@@ -210,10 +211,12 @@ class TieredStore:
                  gpu_device: Union[None, str, torch.device] = None):
         if cxl_node == "auto":
             cxl_node = numa.cxl_candidate_node()
+        gpu_tier = Tier("gpu", parse_bytes(gpu), gpu_device=gpu_device)
+        pin = gpu_tier.device.type == "cuda"  # host KV is copied to a real GPU only: pinned only then
         self.tiers: Dict[str, Tier] = {
-            "gpu": Tier("gpu", parse_bytes(gpu), gpu_device=gpu_device),
-            "dram": Tier("dram", parse_bytes(dram), numa_node=dram_node),
-            "cxl": Tier("cxl", parse_bytes(cxl), numa_node=cxl_node),
+            "gpu": gpu_tier,
+            "dram": Tier("dram", parse_bytes(dram), numa_node=dram_node, pin=pin),
+            "cxl": Tier("cxl", parse_bytes(cxl), numa_node=cxl_node, pin=pin),
         }
         if spill:
             self.tiers["dram"].spill = self.tiers["cxl"]

@@ -8,13 +8,14 @@ S_g, S_h = c.split(gpu_share); r = a budget's fraction of the context (c.fractio
 
   full            attn = gpu_attn(S, fused) + fixed(g=FULL_KERNELS);    layer = rest + attn
   stream (PCIe)   xfer = copy(B*S_h*wire) (two copies, K and V; wire = kv_tok, or a compressed
-                  cache's bytes per token); gpu = one unfused partial per part (PARTIAL_KERNELS
-                  each) + the LSE merge (MERGE_KERNELS) when both parts exist + the method's
-                  own GPU work (e.g. a dequantisation pass)
+                  cache's bytes per token); gpu = one partial per part (PARTIAL_KERNELS
+                  each; at the fused rate where ``c.partial_fused``: torch's flash kernel)
+                  + the LSE merge (MERGE_KERNELS) when both parts exist + the method's own GPU
+                  work (e.g. a dequantisation pass)
                   attn = xfer + gpu;  layer = max(xfer, rest + gpu)   (next layer's KV prefetched)
   cpu attention   cpu = B*S_h*kv_tok / cpu_attention rate (pinned or pageable host KV)
                         + SPLIT_HOST_OPS * op_us + q down, out+lse up
-  split           gpu = gpu_attn(S_g) + (PARTIAL_KERNELS-1) launches
+  split           gpu = gpu_attn(S_g, partial_fused) + (PARTIAL_KERNELS-1) launches
                   attn = overlap(cpu, gpu) + merge (MERGE_KERNELS launches, after the wait)
                   (``serial``: cpu + gpu, the CPU starting once the GPU part is done, as a
                   blocking q.to('cpu') behind the GPU partial does);  layer = rest + attn
@@ -60,18 +61,20 @@ def full_cost(c: CostContext) -> LayerCost:
 
 
 def stream_cost(c: CostContext, gpu_share: float, wire_bytes: Optional[float] = None, gpu_extra: float = 0.0,
-                mapping: Placement = "dram", label: str = "stream") -> LayerCost:
+                mapping: Placement = "dram", label: str = "stream", fused: Optional[bool] = None) -> LayerCost:
     """The host part of the KV (S_h of c.split(gpu_share)) copied over PCIe to the GPU one layer
     ahead, ``wire_bytes`` per host token and sequence (default kv_tok; a compressed cache sends
     fewer), then dense GPU attention over both parts (one unfused partial per part, merged) and
-    ``gpu_extra`` seconds of the method's own GPU work (e.g. a dequantisation pass)."""
+    ``gpu_extra`` seconds of the method's own GPU work (e.g. a dequantisation pass). fused: the
+    partials run torch's flash kernel (default :attr:`CostContext.partial_fused`, what the GPU
+    dispatcher runs; False prices unfused partials, e.g. the H200 probe's plain torch)."""
     S_g, S_h = c.split(gpu_share)
     key_tier, _ = c.tiers(mapping)
     nbytes = c.B * S_h * (c.kv_tok if wire_bytes is None else wire_bytes)
     xfer = c.host_copy(nbytes / 2, key_tier) * 2 if nbytes else 0.0  # K and V, one copy each
     parts = int(S_g > 0) + int(S_h > 0)
     fixed = c.fixed(gpu_kernels=parts * (PARTIAL_KERNELS - 1) + (MERGE_KERNELS if parts == 2 else 0))
-    fused = c.partial_fused  # FlexGen's partials go through the GPU dispatcher
+    fused = c.partial_fused if fused is None else fused
     gpu = c.gpu_attn(S_g, fused) + c.gpu_attn(S_h, fused) - (2 - parts) * c.launch + gpu_extra + fixed
     return LayerCost(attn=xfer + gpu, layer=max(xfer, c.rest + gpu), gpu=c.rest + gpu, transfer=xfer,
                      gpu_tokens=S_g, staging_tokens=2 * S_h,  # double-buffered staging of one layer
@@ -82,11 +85,12 @@ def stream_cost(c: CostContext, gpu_share: float, wire_bytes: Optional[float] = 
 
 def cpu_attention_split_cost(c: CostContext, gpu_share: float, merge: bool = True,
                              mapping: Placement = "dram", pinned: Optional[bool] = None,
-                             serial: bool = False) -> LayerCost:
+                             serial: bool = False, fused: Optional[bool] = None) -> LayerCost:
     """Exact attention split: the CPU attends over the host KV (S_h of c.split(gpu_share)), the
     GPU over its part, concurrently (``serial``: the CPU starts when the GPU part is done);
     ``merge`` adds the LSE merge after the wait; ``pinned``: host KV page-locked (None: whenever
-    a real GPU)."""
+    a real GPU); fused: the GPU partial is torch's flash kernel (default
+    :attr:`CostContext.partial_fused`; False: unfused, as the H200 probe's plain torch)."""
     S_g, S_h = c.split(gpu_share)
     key_tier, value_tier = c.tiers(mapping)
     rate = c.cpu_attention_rate(pinned)
@@ -97,7 +101,7 @@ def cpu_attention_split_cost(c: CostContext, gpu_share: float, merge: bool = Tru
     host_fixed = c.fixed(host_ops=SPLIT_HOST_OPS) if S_h else 0.0
     cpu = cpu_attn + host_fixed + xfer
     gpu_fixed = c.fixed(gpu_kernels=PARTIAL_KERNELS - 1) if S_g else 0.0
-    gpu_attn = c.gpu_attn(S_g, c.partial_fused) + gpu_fixed if S_g else 0.0  # the GPU dispatcher's partial
+    gpu_attn = c.gpu_attn(S_g, c.partial_fused if fused is None else fused) + gpu_fixed if S_g else 0.0
     after = c.fixed(gpu_kernels=MERGE_KERNELS) if merge and S_g and S_h else 0.0
     both = cpu + gpu_attn if serial else c.overlap(cpu, gpu_attn)
     attn = both + after

@@ -145,11 +145,12 @@ def _alp_rows(alp: List[Dict[str, Any]], hw: HardwareProfile) -> List[Row]:
         c = _ctx(GQA, L, hw)
         gpu_budget = 1.0 - HOST_SHARE
         ms = lambda key: float(r[key]) * 1e-3  # noqa: E731
-        rows.append(Row(f"GQA L={L} 90% host: FlexGen stream", SOURCE, stream_cost(c, gpu_budget).attn,
+        rows.append(Row(f"GQA L={L} 90% host: FlexGen stream", SOURCE, stream_cost(c, gpu_budget, fused=False).attn,
                         ms("stream_ms"), fitted="gpu.gqa_attention_gbps",
                         note="pinned copy of the host K,V + unfused GQA partials + merge"))
         rows.append(Row(f"GQA L={L} 90% host: CPU attention split", SOURCE,
-                        cpu_attention_split_cost(c, gpu_budget, pinned=True, serial=True).attn, ms("cpu_full_ms"),
+                        cpu_attention_split_cost(c, gpu_budget, pinned=True, serial=True, fused=False).attn,
+                        ms("cpu_full_ms"),
                         note="exact split, serial, host KV pinned"))
         lay = hybridgen_cost(c, gpu_budget, TOPK, per_head=False, pipelined=False, mapping="dram", pinned=True,
                              staging_pinned=False, serial=True, host_ops=ALP_HOST_OPS, gpu_kernels=ALP_GPU_KERNELS,

@@ -10,8 +10,9 @@ Import the dispatchers from here (they live in :mod:`.dispatch`); one job per mo
 * :mod:`.verification`: the first-use check of each kernel against torch;
 * :mod:`.state`: all process-wide state (availability, compiled modules, verified kernels,
   dispatch counts);
-* :mod:`.dispatch`: ``partial_attention``, ``softmax_over_parts``, ``hybrid_decode_attention``
-  (CuPy on CUDA, torch otherwise) and ``backend``.
+* :mod:`.flash`: torch's flash kernel with its log-sum-exp as a decode partial (GQA as query rows);
+* :mod:`.dispatch`: ``partial_attention`` (flash, else CuPy on CUDA; torch otherwise),
+  ``softmax_over_parts``, ``hybrid_decode_attention`` (CuPy on CUDA, torch otherwise) and ``backend``.
 """
 from hybridgen.attention.cuda.dispatch import backend, hybrid_decode_attention, partial_attention, softmax_over_parts
 from hybridgen.attention.cuda.execution import (cupy_hybrid_decode_attention, cupy_partial_attention,

@@ -1,4 +1,4 @@
-"""The dispatchers the rest of the library calls: CuPy kernels on CUDA, torch otherwise.
+"""The dispatchers the rest of the library calls: torch's flash kernel or CuPy kernels on CUDA, torch otherwise.
 
 ``partial_attention`` and ``softmax_over_parts`` have exactly the signatures of the torch
 primitives in :mod:`hybridgen.attention.partial`; with ``hybrid_decode_attention`` they take
@@ -6,9 +6,9 @@ the CuPy path when every tensor is on a CUDA device, the shapes are supported (o
 token, head dim a power-of-two number of 16-byte vectors, <= 256) and CuPy works, and the
 torch primitive otherwise (no CUDA, CuPy not installed, CuPy installed without a usable
 driver, unsupported shape). A kernel that fails to compile or launch falls back to torch with
-one warning; ``HYBRIDGEN_CUPY=0`` turns the CuPy path off, ``HYBRIDGEN_CUPY=strict`` makes
-failures raise. The first CuPy result of each kernel and dtype is checked against torch
-(:mod:`hybridgen.attention.cuda.verification`).
+one warning; ``HYBRIDGEN_CUPY=0`` turns the CuPy path off (not torch's flash kernel, which is
+torch's own), ``HYBRIDGEN_CUPY=strict`` makes failures of either raise. The first CuPy result
+of each kernel and dtype is checked against torch (:mod:`hybridgen.attention.cuda.verification`).
 
 ``partial_attention`` first tries torch's own flash kernel, which returns the log-sum-exp
 (:mod:`hybridgen.attention.cuda.flash`: unmasked fp16/bf16 decode), verified on first use the
@@ -100,6 +100,8 @@ def _try_flash(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Optional[Tuple[
     """Torch's flash kernel with its LSE (:mod:`.flash`); None (one warning) when it raises."""
     try:
         return flash.flash_partial_attention(q, k, v, scale)
+    except torch.cuda.OutOfMemoryError:
+        raise  # a full GPU, not a missing kernel: never a reason to switch the kernel off
     except Exception as err:  # noqa: BLE001 - a torch build without the kernel: fall back, once loudly
         if state.strict():
             raise

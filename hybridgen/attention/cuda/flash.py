@@ -28,7 +28,8 @@ def applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
     B, Hq, Tq, D = q.shape
     Hkv, T = k.shape[1], k.shape[2]
     return (Tq == 1 and T > 0 and Hq % Hkv == 0 and q.dtype in FLASH_DTYPES and k.dtype == q.dtype
-            and v.dtype == q.dtype and D % 8 == 0 and D <= 256 and k.stride(-1) == 1 and v.stride(-1) == 1)
+            and v.dtype == q.dtype and D % 8 == 0 and D <= 256 and q.stride(-1) == 1 and k.stride(-1) == 1
+            and v.stride(-1) == 1)
 
 
 def flash_partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tensor, Tensor]:
@@ -42,5 +43,5 @@ def flash_partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tu
         res = torch.ops.aten._scaled_dot_product_flash_attention(qg, k, v, 0.0, False, False, scale=scale)
     else:
         res = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v, 0.0, False, scale=scale)
-    out, lse = res[0], res[1]
+    out, lse = res[0], res[1]  # lse [B, Hkv, G] (sliced: torch's memory-efficient kernel pads its rows)
     return out.reshape(B, Hq, 1, D), lse[..., :G].reshape(B, Hq, 1).float()

@@ -20,16 +20,17 @@ from typing import Any, Dict, Set, Tuple
 
 import torch
 
-#: how often each path ran in this process: {"cupy": n, "torch": m} (benchmarks print it).
+#: how often each path ran in this process: {"flash": n, "cupy": m, "torch": k} (benchmarks print it).
 dispatch_counts: Dict[str, int] = {"flash": 0, "cupy": 0, "torch": 0}
 
 #: (dtype, head_dim, group, device index) -> {kernel name: CuPy RawKernel}
 compiled_kernels: Dict[Tuple[torch.dtype, int, int, int], Dict[str, Any]] = {}
 compiled_kernels_lock = threading.Lock()
 
-#: (kernel entry point name, dtype) pairs whose first CuPy result matched torch
+#: (kernel entry point name, dtype) pairs whose first GPU-kernel result (CuPy or flash) matched torch
 verified: Set[Tuple[str, torch.dtype]] = set()
-#: entry point names whose first CuPy result disagreed with torch (switched off for the process)
+#: entry point names whose first GPU-kernel result disagreed with torch, or whose kernel failed
+#: (switched off for the process)
 rejected: Set[str] = set()
 #: (entry point name, exception type name) failures already warned about
 warned: Set[Tuple[str, str]] = set()

@@ -1,4 +1,5 @@
-"""First-use verification: the first CuPy result of each kernel and dtype is checked against torch.
+"""First-use verification: the first GPU-kernel result (CuPy, or torch's flash kernel with its LSE) of each
+entry point and dtype is checked against torch.
 
 The kernel source is tested on the CPU (a C++ emulator of the CUDA thread model) and compiled
 by NVRTC in the test suite; this check guards GPUs and drivers it has not run on. A kernel
@@ -53,7 +54,7 @@ def check_result(name: str, dtype: torch.dtype, result: Any, torch_fn: Callable[
         state.verified.add(key)
         return result, path
     msg = (f"GPU kernel {name} disagrees with torch on its first call ({dtype}, max relative "
-           f"error {err:.2e}); using the torch fallback for the rest of this process")
+           f"error {err:.2e}); using the fallback for the rest of this process")
     if state.strict():
         raise RuntimeError(msg)
     state.rejected.add(name)
