@@ -40,7 +40,7 @@ def _kv(B, H, n, D, dtype=torch.float32):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bytes_follow_appends_growth_keep_pop_release(dtype):
     torch.manual_seed(0)
-    store = TieredStore()
+    store = TieredStore(gpu_device="cpu")  # CPU indices below; on a CUDA machine too (results/gpu/pytest_final.txt)
     B, H, D = 2, 3, 8
     a = KVSegment(store["gpu"], B, H, D, dtype, "layer0/gpu", capacity=5, with_mask=True)
     b = KVSegment(store["dram"], B, H, D, dtype, "layer0/host", value_tier=store["cxl"])
