@@ -198,8 +198,8 @@ def by_variant(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def figures(t: pd.DataFrame, out: Path, model: str) -> List[Path]:
-    """accuracy_vs_length.png (a panel per budget) and accuracy_vs_gpu_memory.png."""
+def figures(t: pd.DataFrame, out: Path, model: str, prefix: str = "") -> List[Path]:
+    """``prefix`` + accuracy_vs_length.png (a panel per budget) and + accuracy_vs_gpu_memory.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -229,7 +229,7 @@ def figures(t: pd.DataFrame, out: Path, model: str) -> List[Path]:
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Needle retrieval vs context length ({model})", fontsize=10)
     fig.tight_layout()
-    paths = [out / "accuracy_vs_length.png"]
+    paths = [out / f"{prefix}accuracy_vs_length.png"]
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
 
@@ -254,7 +254,7 @@ def figures(t: pd.DataFrame, out: Path, model: str) -> List[Path]:
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    paths.append(out / "accuracy_vs_gpu_memory.png")
+    paths.append(out / f"{prefix}accuracy_vs_gpu_memory.png")
     fig.savefig(paths[1], dpi=120)
     plt.close(fig)
     return paths
