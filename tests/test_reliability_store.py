@@ -211,7 +211,7 @@ def test_run_identity_names_the_realized_hardware_and_records_code_and_kernels(t
     k = m["kernels"]
     from hybridgen.attention.cpu_scan import SCAN_BACKENDS
 
-    assert k["cpu_scan"] in set(SCAN_BACKENDS) - {"auto"} and set(k["cuda_attention"]) <= {"cupy", "torch"}
+    assert k["cpu_scan"] in set(SCAN_BACKENDS) - {"auto"} and set(k["cuda_attention"]) <= {"flash", "cupy", "torch"}
 
 
 def test_a_run_from_another_commit_is_reused_with_a_visible_note(tmp_path):

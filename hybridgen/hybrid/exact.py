@@ -25,7 +25,6 @@ Choices where the paper is silent (it has no lossless mode; this is our extensio
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar, Deque, FrozenSet, List, Optional
