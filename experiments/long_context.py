@@ -181,7 +181,6 @@ def run(args) -> Path:
 
     from hybridgen.data import needle, sources
     from hybridgen.eval import ruler_docs
-    from hybridgen.kv import TieredStore
     from hybridgen.log import bar
     from hybridgen.methods import build_method
     from hybridgen.model import load_model
@@ -240,8 +239,7 @@ def run(args) -> Path:
                 # empty `until` (needle runs keep their fixed length: their answer is the first line)
                 eos = engine.tokenizer.eos_token_id if ruler else None
                 r = engine.generate(ids, build_method(name, **params), max_new_tokens=new,
-                                    store=TieredStore(gpu_device=engine.device),
-                                    shared_prefill=shared, eos_token_id=eos)
+                                    shared_prefill=shared, eos_token_id=eos)  # a fresh store on its device
                 generated = r.tokens[0].tolist()
                 if eos in generated:
                     generated = generated[:generated.index(eos)]

@@ -212,7 +212,7 @@ def dense_reference(rec: Record, scale: float) -> Tensor:
 
     if rec.k is None or rec.v is None:
         raise ValueError("the run kept no K/V history (MethodDriver(history=False))")
-    mask = None if rec.valid is None else rec.valid[:, None, :]
+    mask = None if rec.valid is None else rec.valid[:, None, :].to(rec.q.device)
     return dense_attention_reference(rec.q, rec.k, rec.v, scale, mask)
 
 

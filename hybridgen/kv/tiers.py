@@ -67,10 +67,10 @@ class Tier:
             raise ConfigError(f"unknown tier {name!r}; tiers are {', '.join(TIER_NAMES)}")
         self.name = name
         self.capacity = capacity
-        if name == "gpu" and gpu_device is not None:
-            self.device = torch.device(gpu_device)
+        if name != "gpu":
+            self.device = torch.device("cpu")
         else:
-            self.device = torch.device("cuda") if name == "gpu" and cuda_available() else torch.device("cpu")
+            self.device = torch.device(gpu_device if gpu_device is not None else "cuda" if cuda_available() else "cpu")
         self.pinned = name != "gpu" and pin and cuda_available()
         self.numa_node = numa_node if name != "gpu" else None
         self.numa_bound = self.numa_node is not None and numa.binding_supported()

@@ -43,5 +43,5 @@ def flash_partial_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tu
         res = torch.ops.aten._scaled_dot_product_flash_attention(qg, k, v, 0.0, False, False, scale=scale)
     else:
         res = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v, 0.0, False, scale=scale)
-    out, lse = res[0], res[1]  # lse [B, Hkv, G] (sliced: torch's memory-efficient kernel pads its rows)
+    out, lse = res[0], res[1]  # lse [B, Hkv, G]; sliced in case a torch build pads the query rows
     return out.reshape(B, Hq, 1, D), lse[..., :G].reshape(B, Hq, 1).float()
