@@ -89,3 +89,43 @@ def test_run_split_covers_every_slice_once_and_keeps_small_work_on_the_caller():
     pool.run_split(fn, 10, "unknown")  # no work given: split as before
     assert sorted(s[1:] for s in seen if s[0] == "unknown") == [(0, 5), (5, 10)]
     pool.shutdown()
+
+
+@pytest.mark.parametrize("total,grain,threads", [(10, 1, 2), (10, 3, 2), (64, 8, 3), (5, 7, 4), (1, 1, 3)])
+def test_run_split_in_grains_covers_every_item_once(total, grain, threads):
+    pool = CPUAttentionPool(workers=1, split_threads=threads)
+    hits = torch.zeros(total, dtype=torch.int64)
+    lock = threading.Lock()
+
+    def fn(lo, hi):
+        assert hi - lo <= grain
+        with lock:
+            hits[lo:hi] += 1
+
+    pool.run_split(fn, total, grain=grain)
+    assert hits.tolist() == [1] * total
+    pool.shutdown()
+
+
+def test_a_stalled_thread_leaves_its_slices_to_the_others():
+    """Slice 0 holds its thread until every other slice is done: the other thread must take all
+    of them (a static half-and-half split would leave slices 1-3 behind slice 0 and time out)."""
+    pool = CPUAttentionPool(workers=1, split_threads=2)
+    others_done = threading.Event()
+    done, owner = [], {}
+    lock = threading.Lock()
+
+    def fn(lo, hi):
+        owner[lo] = threading.get_ident()
+        if lo == 0:
+            assert others_done.wait(timeout=5), "the other slices waited on the stalled thread"
+            return
+        with lock:
+            done.append(lo)
+            if len(done) == 7:
+                others_done.set()
+
+    pool.run_split(fn, 8, grain=1)
+    assert sorted(done) == list(range(1, 8))
+    assert len({owner[i] for i in range(1, 8)}) == 1 and owner[1] != owner[0]
+    pool.shutdown()

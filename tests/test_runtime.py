@@ -105,3 +105,51 @@ def test_a_second_call_keeps_what_the_first_saw(clean):
     runtime.apply()
     rec = runtime.apply(torch_threads=1, scan_threads=1)  # e.g. after the command line was parsed
     assert rec["given"] == ["OMP_WAIT_POLICY"] and rec["torch_threads"] == 1 and rec["scan_threads"] == 1
+
+
+_FAULTS = """
+    import json, resource
+    from hybridgen import runtime
+    rec = runtime.apply()
+    import torch
+    x = torch.randn(8, 8192, 128)
+    idx = torch.arange(0, 8192, 5)
+    def step():  # a decode step's temporaries: two row gathers of 6.7 MB and what is computed from them
+        k, v = x.index_select(1, idx), x.index_select(1, idx)
+        return (k * 2 + v).sum()
+    for _ in range(40):  # warm-up: the heap grows to the steps' high-water mark
+        step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        step()
+    print(json.dumps({"malloc": rec["malloc"], "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux only")
+def test_tuned_malloc_keeps_a_steps_temporaries_off_fresh_pages():
+    """Tuned, a step's few-MB temporaries reuse the heap's pages: no page fault per step after
+    the warm-up; with HYBRIDGEN_MALLOC_TUNE=0 glibc maps them afresh (~330 faults per step on
+    the development VM's glibc 2.36)."""
+    tuned = _fresh_python(_FAULTS)
+    plain = _fresh_python(_FAULTS, {"HYBRIDGEN_MALLOC_TUNE": "0"})
+    assert tuned.returncode == 0 and plain.returncode == 0, (tuned.stderr + plain.stderr)[-2000:]
+    t, p = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (tuned, plain))
+    assert p["malloc"] == {"applied": False, "why": "HYBRIDGEN_MALLOC_TUNE=0"}
+    if not t["malloc"]["applied"]:
+        pytest.skip(f"not tuned here: {t['malloc']}")
+    assert t["malloc"]["mmap_threshold"] == 32 << 20 and t["malloc"]["trim_threshold"] == 1 << 30
+    if p["faults"] < 100:
+        pytest.skip(f"this allocator does not fault on these temporaries even untuned ({p['faults']} per step)")
+    assert t["faults"] < 5, (t, p)
+
+
+def test_glibc_variables_win_and_a_bad_switch_fails_before_anything_changes(clean):
+    clean.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    out = runtime.tune_malloc()
+    if out["applied"] or out.get("why") != "not glibc":
+        assert out["trim_threshold"] == "MALLOC_TRIM_THRESHOLD_=12345"
+    clean.setenv("HYBRIDGEN_MALLOC_TUNE", "yes")
+    with pytest.raises(ConfigError, match="HYBRIDGEN_MALLOC_TUNE must be 1 .* or 0"):
+        runtime.apply()
+    assert "OMP_WAIT_POLICY" not in os.environ and runtime.record() == {"applied": False}

@@ -145,24 +145,34 @@ class CPUAttentionPool:
                 self._lock.notify_all()
 
     # ------------------------------------------------------------------ split kernels
-    def run_split(self, fn: Callable, total: int, *args: Any, work: Optional[int] = None) -> None:
-        """Run fn(*args, lo, hi) over [0, total) in up to ``split_threads`` slices, in parallel.
+    def run_split(self, fn: Callable, total: int, *args: Any, work: Optional[int] = None,
+                  grain: Optional[int] = None) -> None:
+        """Run fn(*args, lo, hi) over [0, total) in slices on up to ``split_threads`` threads, in parallel.
 
-        ``fn`` must release the GIL (a nogil numba kernel) and write disjoint outputs per
-        slice. The caller runs slices too (the first, then any no pool thread has started),
-        so a split issued from inside a host task never waits on a busy pool. work: about how
-        many elements the call touches; below SPLIT_MIN_WORK it runs on the caller's thread
-        alone, where the hand-off would cost more than the second thread saves.
+        ``fn`` must release the GIL (a nogil numba kernel, a ctypes call) and write disjoint
+        outputs per slice. The caller runs slices too, and every thread takes the next slice no
+        thread has claimed until none is left, so a split issued from inside a host task never
+        waits on a busy pool, and a thread that starts late or is slowed (a core shared with
+        another process) leaves its slices to the others. grain: items per slice (default: one
+        slice per thread); slices of a few items balance uneven threads at the cost of one
+        call per slice. work: about how many elements the call touches; below SPLIT_MIN_WORK
+        it runs on the caller's thread alone, where the hand-off would cost more than the
+        second thread saves.
         """
         n = min(self.split_threads, total) if work is None or work >= SPLIT_MIN_WORK else 1
         if n <= 1:
             fn(*args, 0, total)
             return
-        bounds = [total * i // n for i in range(n + 1)]
-        chunks: List[_Chunk] = [_Chunk(fn, args, bounds[i], bounds[i + 1]) for i in range(n)]
-        futs = [self._executor.submit(c.run) for c in chunks[1:]]
-        for c in chunks:
-            c.run()
+        step = max(1, int(grain)) if grain is not None else None
+        bounds = list(range(0, total, step)) + [total] if step else [total * i // n for i in range(n + 1)]
+        chunks: List[_Chunk] = [_Chunk(fn, args, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+        def drain() -> None:
+            for c in chunks:
+                c.run()
+
+        futs = [self._executor.submit(drain) for _ in range(min(n, len(chunks)) - 1)]
+        drain()
         for f in futs:
             f.result()
 

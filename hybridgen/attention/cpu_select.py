@@ -208,9 +208,12 @@ def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, 
     seconds = torch.full((rows, 4), float("nan"), dtype=torch.float64)
     pool = pool or default_pool()
     work = rows * G * T * D
+    # rows a few at a time, claimed by whichever thread is free: about 4 claims per thread, so a
+    # slowed or late thread leaves its rows to the others (1 row per claim on a many-core host)
+    grain = max(1, rows // (4 * pool.split_threads))
     pool.run_split(native.lib().hg_branch_bf16dot, rows, qb.data_ptr(), qx.data_ptr(), kr.data_ptr(), vr.data_ptr(),
                    kcap, vcap, float(scale), T, D, G, TOKEN_BLOCK, SELECT_HOW["raw" if G == 1 else how], k, kc,
-                   idx.data_ptr(), sel.data_ptr(), dst.data_ptr(), seconds.data_ptr(), work=work)
+                   idx.data_ptr(), sel.data_ptr(), dst.data_ptr(), seconds.data_ptr(), work=work, grain=grain)
     if torch.isnan(seconds).any():
         raise MemoryError("the fused CPU branch could not allocate its per-thread scratch")
     threads = min(pool.split_threads, rows) if work >= SPLIT_MIN_WORK else 1  # as run_split splits
