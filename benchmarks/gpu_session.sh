@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything one lent GPU session checks and measures, in one command of under ten minutes,
-# printing as it goes. Outputs (8 files) go to $OUT, else results/gpu/:
+# printing as it goes. Outputs (10 files) go to $OUT, else results/gpu/:
 #   machine.txt          GPU, driver, CPU and library versions
 #   pytest.txt           the CUDA tests: the split methods on the GPU against the float64
 #                        reference (tests/test_gpu_methods.py), the CuPy kernels, their dispatch,
@@ -9,6 +9,8 @@
 #                        benchmarks/bench_gpu.py (per-layer grid, end to end, kernels, projection)
 #   cpu_scan.{json,txt}  benchmarks/bench_cpu_scan.py --quick on the GPU machine's host, at 2
 #                        threads (issue 22's target) and at every core but one (what runs there)
+#   cpu_scan_b1.{json,txt}  the same at batch 1 (8 rows on every core but one: the default branch
+#                        runs stagewise there, fused_branch_pays; its fused twin beside it)
 #
 #   bash benchmarks/gpu_session.sh              # on the CUDA machine, from the repository root
 #   PYTHON=.venv/bin/python bash benchmarks/gpu_session.sh --cpu-smoke   # tiny, on any CPU
@@ -56,4 +58,12 @@ else
 fi
 timeout 110 $py benchmarks/bench_cpu_scan.py "${scan_args[@]}" --json "$out/cpu_scan.json" 2>&1 \
   | tee "$out/cpu_scan.txt" | tail -30
+rm -f "$out/cpu_scan_b1.json"
+if [ "$smoke" = "--cpu-smoke" ]; then
+  b1_args=(--batch 1 --tokens 4096 --reps 2 --threads 2 --sketches int4)
+else
+  b1_args=(--batch 1 --tokens 131072 --reps 5 --threads "$all_but_one" --sketches int4)
+fi
+timeout 90 $py benchmarks/bench_cpu_scan.py "${b1_args[@]}" --json "$out/cpu_scan_b1.json" 2>&1 \
+  | tee "$out/cpu_scan_b1.txt" | grep -E "^## |^read|default branch|bf16dot scan"
 echo "== done: $(ls "$out" | tr '\n' ' ')"

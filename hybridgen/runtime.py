@@ -31,8 +31,8 @@ What it sets (a value already in the environment wins, so a user can still overr
   every block above its mmap threshold afresh and unmaps it when freed, so a tensor of a few
   MB made every decode step (a step's gathered K and V rows, its logits) page-faults all of
   its pages every step: on the 2-core development VM Quest's two 6.7 MB row gathers took
-  4.2-5.5 ms per layer against 1.3-1.5 ms with these settings (B=1, 8K tokens, fp32), a
-  third of its step, and how much depended on the heap's history (run-to-run spread 2x).
+  2.2-5.5 ms per layer (six processes) against 1.2-1.8 ms with these settings (four; B=1, 8K
+  tokens, fp32), up to half of its step, and how much depended on the heap's history.
 
 It then imports torch (so torch is loaded before anything imports numba) and records what it
 applied; :func:`record` returns that record, and ``hybridgen.eval.environment.environment()``

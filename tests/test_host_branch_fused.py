@@ -9,7 +9,7 @@ import torch
 from hybridgen.attention import native
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.attention.cpu_scan import exact_logits_at, scan_logits_stats, select
-from hybridgen.attention.cpu_select import fused_branch_fits, rerank_exact
+from hybridgen.attention.cpu_select import fused_branch_fits, fused_branch_pays, rerank_exact
 from hybridgen.hybrid import host_branch as host_branch_module
 from hybridgen.hybrid.host_branch import host_branch
 from tests._scan_cases import host_segment, ref_logits
@@ -112,3 +112,26 @@ def test_where_it_does_not_fit_the_stagewise_branch_runs(case, fused_calls):
     b = host_branch(q, seg.k, vals, 0.2, kk, per_head, precision="bf16dot", oversample=1.5, fused=False, **args)
     assert not fused_calls
     assert torch.equal(a.idx, b.idx) and torch.equal(a.logits, b.logits) and torch.equal(a.v_rows, b.v_rows)
+
+
+@pytest.mark.parametrize("rows,threads,pays", [(1, 2, False), (3, 2, True), (2, 2, True), (64, 15, True),
+                                               (8, 15, False), (16, 15, False), (32, 15, True), (1, 1, True),
+                                               (0, 4, True)])
+def test_fused_branch_pays_only_while_it_keeps_the_threads_busy(rows, threads, pays):
+    assert fused_branch_pays(rows, threads) is pays
+
+
+@fits_here
+def test_one_row_on_two_threads_runs_stagewise_with_the_same_result(fused_calls):
+    """1 (batch, KV head) row on 2 threads: the fused branch would leave a thread idle, so the
+    stagewise branch (its scan split over the row's tokens) runs; with 2 rows the fused one."""
+    seg = host_segment(1, 1, 5000, 64, torch.bfloat16, seed=11)
+    q = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(1))
+    kw = dict(precision="bf16dot", oversample=1.25, pool=POOL)
+    a = host_branch(q, seg.k, seg.v, 0.125, 100, False, **kw)
+    assert not fused_calls
+    b = host_branch(q, seg.k, seg.v, 0.125, 100, False, fused=False, **kw)
+    assert torch.equal(a.idx, b.idx) and torch.equal(a.logits, b.logits) and torch.equal(a.v_rows, b.v_rows)
+    two = host_segment(2, 1, 5000, 64, torch.bfloat16, seed=11)
+    host_branch(torch.randn(2, 4, 64), two.k, two.v, 0.125, 100, False, **kw)
+    assert fused_calls == [1]

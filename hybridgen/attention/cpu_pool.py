@@ -145,6 +145,11 @@ class CPUAttentionPool:
                 self._lock.notify_all()
 
     # ------------------------------------------------------------------ split kernels
+    def threads_for(self, work: Optional[int]) -> int:
+        """Threads a split of ``work`` elements runs on (before capping at its slice count): one
+        below SPLIT_MIN_WORK, else ``split_threads``."""
+        return self.split_threads if work is None or work >= SPLIT_MIN_WORK else 1
+
     def run_split(self, fn: Callable, total: int, *args: Any, work: Optional[int] = None,
                   grain: Optional[int] = None) -> None:
         """Run fn(*args, lo, hi) over [0, total) in slices on up to ``split_threads`` threads, in parallel.
@@ -159,7 +164,7 @@ class CPUAttentionPool:
         it runs on the caller's thread alone, where the hand-off would cost more than the
         second thread saves.
         """
-        n = min(self.split_threads, total) if work is None or work >= SPLIT_MIN_WORK else 1
+        n = min(self.threads_for(work), total)
         if n <= 1:
             fn(*args, 0, total)
             return

@@ -173,6 +173,26 @@ def fused_branch_fits(q: Tensor, keys: Tensor, values: Tensor, k: int, per_head:
             and resolve_backend(backend, keys.dtype) == "native" and topk_backend in ("auto", "native"))
 
 
+#: the fused branch runs one (batch, KV head) row per thread at a time; below this share of the
+#: threads' time busy (rows / (threads * rounds of rows)) the stagewise branch, whose scan splits
+#: every row's tokens over all threads, is faster. Measured on the 2-core VM (2 threads, bf16,
+#: 8.4M host keys split into the rows, top-k 5%, medians of 9 rounds): 1 row (share 0.5) fused
+#: 5.9 ms, stagewise 4.7; 3 rows (0.75) 4.5 against 4.8; 5 rows (0.83) 4.7 against 5.5; 8 rows
+#: 4.1 against 5.1. Not measured on a many-core host.
+FUSED_MIN_BUSY_SHARE = 2 / 3
+
+
+def fused_branch_pays(rows: int, threads: int) -> bool:
+    """True when the fused branch keeps ``threads`` busy enough over ``rows`` rows (at least
+    :data:`FUSED_MIN_BUSY_SHARE` of their time): e.g. 64 rows on 15 threads (0.85) or 3 on 2
+    (0.75); not 8 rows on 15 threads (0.53) or 1 on 2 (0.5). One thread: always."""
+    threads, rows = max(1, int(threads)), int(rows)
+    if threads == 1 or rows <= 0:
+        return True
+    rounds = -(-rows // threads)
+    return rows / (threads * rounds) >= FUSED_MIN_BUSY_SHARE
+
+
 def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, how: str = "max",
                          oversample: float = DEFAULT_OVERSAMPLE, v_out: Optional[Tensor] = None,
                          pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -188,7 +208,6 @@ def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, 
     V rows [B, Hkv, k, D], seconds [4]: scan, selection, exact logits + re-rank, gather, summed
     over rows and divided by the threads that ran them).
     """
-    from hybridgen.attention.cpu_pool import SPLIT_MIN_WORK
     from hybridgen.attention.cpu_scan import SELECT_HOW, TOKEN_BLOCK, rows_view
 
     q, k, kc = _selection_args(q, keys, k, how, oversample)
@@ -216,5 +235,5 @@ def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, 
                    idx.data_ptr(), sel.data_ptr(), dst.data_ptr(), seconds.data_ptr(), work=work, grain=grain)
     if torch.isnan(seconds).any():
         raise MemoryError("the fused CPU branch could not allocate its per-thread scratch")
-    threads = min(pool.split_threads, rows) if work >= SPLIT_MIN_WORK else 1  # as run_split splits
+    threads = min(pool.threads_for(work), rows)  # as run_split splits
     return idx, sel, dst.view(B, Hkv, k, D), seconds.sum(dim=0) / max(1, threads)

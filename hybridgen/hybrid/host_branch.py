@@ -38,11 +38,11 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from hybridgen.attention.cpu_pool import CPUAttentionPool
+from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
 from hybridgen.attention.cpu_scan import (NEG_INF, exact_logits_at, gather_mask, gather_rows,
                                           scan_logits_stats, select)
 from hybridgen.attention.key_sketch import KeySketch
-from hybridgen.attention.cpu_select import fused_branch_bf16dot, fused_branch_fits, rerank_exact
+from hybridgen.attention.cpu_select import fused_branch_bf16dot, fused_branch_fits, fused_branch_pays, rerank_exact
 
 
 @dataclass
@@ -102,7 +102,8 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     'bf16dot' (:func:`~hybridgen.attention.cpu_scan.scan_logits_stats`; with a sketch, of the
     tail it does not hold). fused: run the 'bf16dot' branch's stages per (batch, KV head) row
     (:func:`~hybridgen.attention.cpu_select.fused_branch_bf16dot`, the same result) where it
-    fits; False runs each stage over every row before the next (to compare them).
+    fits and keeps the pool's threads busy (``fused_branch_pays``: not 1 row on 2 threads);
+    False runs each stage over every row before the next (to compare them).
     """
     if q.dim() == 4:
         q = q[:, :, 0]
@@ -110,7 +111,8 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     Hkv, T = keys.shape[1], keys.shape[2]
     k = max(0, min(k, T))
     if (fused and sketch is None and precision == "bf16dot" and (v_out is None or v_out.is_contiguous())
-            and fused_branch_fits(q, keys, values, k, per_head, mask, backend, topk_backend)):
+            and fused_branch_fits(q, keys, values, k, per_head, mask, backend, topk_backend)
+            and fused_branch_pays(B * Hkv, (pool or default_pool()).threads_for(B * Hq * T * keys.shape[-1]))):
         idx, logits, v_rows, sec = fused_branch_bf16dot(q, keys, values, scale, k, group_score, oversample,
                                                         v_out, pool)
         t0 = time.perf_counter()
@@ -168,7 +170,7 @@ def pipelined_host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float,
     pieces = min(int(pieces), B)
     if pieces <= 1 or branch.get("sketch") is not None or (v_out is not None and not v_out.is_contiguous()):
         return host_branch(q, keys, values, scale, k, per_head, mask=mask, v_out=v_out, pool=pool, **branch)
-    from hybridgen.attention.cpu_pool import default_pool, inline_pool
+    from hybridgen.attention.cpu_pool import inline_pool
 
     bounds = [B * i // pieces for i in range(pieces + 1)]
     k = max(0, min(k, keys.shape[2]))
