@@ -26,7 +26,8 @@ What it sets (a value already in the environment wins, so a user can still overr
 - ``HYBRIDGEN_CPU_ISA`` (not set, only checked): caps the instruction-set level of the CPU
   kernels (``portable``, ``avx2``, ``avx512``; default: the best the CPU has).
 - glibc's allocator (:func:`tune_malloc`; ``HYBRIDGEN_MALLOC_TUNE=0`` leaves it alone, and a
-  ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment wins): blocks up
+  ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` or the same ``GLIBC_TUNABLES``
+  (``glibc.malloc.mmap_threshold`` / ``trim_threshold``) in the environment wins): blocks up
   to 32 MiB come from the heap and freed memory stays in the process. By default glibc maps
   every block above its mmap threshold afresh and unmaps it when freed, so a tensor of a few
   MB made every decode step (a step's gathered K and V rows, its logits) page-faults all of
@@ -93,30 +94,35 @@ def cpu_isa_cap() -> int:
 
 def tune_malloc() -> Dict[str, Any]:
     """Apply :data:`MALLOC_SETTINGS` with glibc's ``mallopt`` (module docstring); returns what
-    was set: {'applied': bool, setting: value, ...} (a setting glibc's own variable already
-    gives is left to it). Not glibc (macOS, musl), or ``HYBRIDGEN_MALLOC_TUNE=0``: nothing set."""
+    was set: {'applied': True when every setting holds (ours or the environment's), 'glibc':
+    version, setting: value, or 'MALLOC_..._=...' / 'GLIBC_TUNABLES' where the environment gives
+    it (left to it), or 'refused'}. Not glibc (macOS, musl), or ``HYBRIDGEN_MALLOC_TUNE=0``:
+    nothing set."""
     import ctypes
 
-    raw = os.environ.get(MALLOC_TUNE_VAR, "1").strip()
+    raw = os.environ.get(MALLOC_TUNE_VAR, "").strip() or "1"
     if raw not in ("0", "1"):
         raise ConfigError(f"{MALLOC_TUNE_VAR} must be 1 (tune glibc's allocator, the default) or 0 (leave it), "
                           f"got {raw!r}")
     if raw == "0":
         return {"applied": False, "why": f"{MALLOC_TUNE_VAR}=0"}
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-        gnu = ctypes.CDLL(None).gnu_get_libc_version
+        libc = ctypes.CDLL(None)
+        mallopt, version = libc.mallopt, libc.gnu_get_libc_version
     except (AttributeError, OSError):
         return {"applied": False, "why": "not glibc"}
-    gnu.restype = ctypes.c_char_p
-    out: Dict[str, Any] = {"applied": True, "glibc": gnu().decode()}
+    version.restype = ctypes.c_char_p
+    out: Dict[str, Any] = {"applied": True, "glibc": version().decode()}
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
     for name, (code, value, env) in MALLOC_SETTINGS.items():
         if os.environ.get(env):
             out[name] = f"{env}={os.environ[env]}"
+        elif f"glibc.malloc.{name}=" in tunables:
+            out[name] = "GLIBC_TUNABLES"
         elif mallopt(ctypes.c_int(code), ctypes.c_int(value)) == 1:
             out[name] = value
         else:
-            out.update(applied=False, why=f"mallopt refused {name}={value}")
+            out.update({name: "refused", "applied": False})
     return out
 
 

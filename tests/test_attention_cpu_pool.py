@@ -129,3 +129,42 @@ def test_a_stalled_thread_leaves_its_slices_to_the_others():
     assert sorted(done) == list(range(1, 8))
     assert len({owner[i] for i in range(1, 8)}) == 1 and owner[1] != owner[0]
     pool.shutdown()
+
+
+@pytest.mark.parametrize("failing", [0, 5])  # the caller's first slice, or one a pool thread may take
+def test_a_failing_slice_stops_the_split_and_every_started_slice_ends_before_it_raises(failing):
+    pool = CPUAttentionPool(workers=1, split_threads=2)
+    running, ran = [0], []
+    lock = threading.Lock()
+
+    def fn(lo, hi):
+        with lock:
+            running[0] += 1
+        try:
+            threading.Event().wait(0.02)
+            if lo == failing:
+                raise ValueError(f"slice {lo}")
+            ran.append(lo)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    with pytest.raises(ValueError, match=f"slice {failing}"):
+        pool.run_split(fn, 40, grain=1)
+    assert running[0] == 0  # nothing still writing when the error reaches the caller
+    assert len(ran) < 39  # the others stopped taking slices
+    pool.shutdown()
+
+
+def test_a_split_from_a_busy_pool_runs_on_the_caller_without_waiting():
+    """Both pool threads are busy: the caller runs every slice itself and returns at once."""
+    pool = CPUAttentionPool(workers=1, split_threads=2)
+    release = threading.Event()
+    busy = [pool.submit(release.wait, 5), pool._executor.submit(release.wait, 5)]
+    seen = []
+    pool.run_split(lambda lo, hi: seen.append((lo, hi)), 4, grain=1)
+    assert sorted(seen) == [(0, 1), (1, 2), (2, 3), (3, 4)] and not release.is_set()
+    release.set()
+    for f in busy:
+        f.result()
+    pool.shutdown()

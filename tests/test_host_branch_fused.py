@@ -116,7 +116,7 @@ def test_where_it_does_not_fit_the_stagewise_branch_runs(case, fused_calls):
 
 @pytest.mark.parametrize("rows,threads,pays", [(1, 2, False), (3, 2, True), (2, 2, True), (64, 15, True),
                                                (8, 15, False), (16, 15, False), (32, 15, True), (1, 1, True),
-                                               (0, 4, True)])
+                                               (0, 4, True), (2, 3, True), (4, 3, True), (5, 4, False)])
 def test_fused_branch_pays_only_while_it_keeps_the_threads_busy(rows, threads, pays):
     assert fused_branch_pays(rows, threads) is pays
 

@@ -120,9 +120,9 @@ _FAULTS = """
     for _ in range(40):  # warm-up: the heap grows to the steps' high-water mark
         step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(20):
+    for _ in range(60):
         step()
-    print(json.dumps({"malloc": rec["malloc"], "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20}))
+    print(json.dumps({"malloc": rec["malloc"], "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 60}))
 """
 
 
@@ -130,7 +130,7 @@ _FAULTS = """
 def test_tuned_malloc_keeps_a_steps_temporaries_off_fresh_pages():
     """Tuned, a step's few-MB temporaries reuse the heap's pages: no page fault per step after
     the warm-up; with HYBRIDGEN_MALLOC_TUNE=0 glibc maps them afresh (~330 faults per step on
-    the development VM's glibc 2.36)."""
+    the development VM's glibc 2.36; 80 in some test processes)."""
     tuned = _fresh_python(_FAULTS)
     plain = _fresh_python(_FAULTS, {"HYBRIDGEN_MALLOC_TUNE": "0"})
     assert tuned.returncode == 0 and plain.returncode == 0, (tuned.stderr + plain.stderr)[-2000:]
@@ -139,16 +139,20 @@ def test_tuned_malloc_keeps_a_steps_temporaries_off_fresh_pages():
     if not t["malloc"]["applied"]:
         pytest.skip(f"not tuned here: {t['malloc']}")
     assert t["malloc"]["mmap_threshold"] == 32 << 20 and t["malloc"]["trim_threshold"] == 1 << 30
-    if p["faults"] < 100:
+    if p["faults"] < 20:
         pytest.skip(f"this allocator does not fault on these temporaries even untuned ({p['faults']} per step)")
     assert t["faults"] < 5, (t, p)
 
 
 def test_glibc_variables_win_and_a_bad_switch_fails_before_anything_changes(clean):
     clean.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    clean.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
     out = runtime.tune_malloc()
-    if out["applied"] or out.get("why") != "not glibc":
+    if out.get("why") != "not glibc":
         assert out["trim_threshold"] == "MALLOC_TRIM_THRESHOLD_=12345"
+        assert out["mmap_threshold"] == "GLIBC_TUNABLES" and out["applied"] is True
+    clean.setenv("HYBRIDGEN_MALLOC_TUNE", "")  # empty is unset, as the other variables
+    assert runtime.tune_malloc().get("why") != "HYBRIDGEN_MALLOC_TUNE=0"
     clean.setenv("HYBRIDGEN_MALLOC_TUNE", "yes")
     with pytest.raises(ConfigError, match="HYBRIDGEN_MALLOC_TUNE must be 1 .* or 0"):
         runtime.apply()

@@ -157,8 +157,10 @@ class CPUAttentionPool:
         ``fn`` must release the GIL (a nogil numba kernel, a ctypes call) and write disjoint
         outputs per slice. The caller runs slices too, and every thread takes the next slice no
         thread has claimed until none is left, so a split issued from inside a host task never
-        waits on a busy pool, and a thread that starts late or is slowed (a core shared with
-        another process) leaves its slices to the others. grain: items per slice (default: one
+        waits on a busy pool (a pool thread that has not started by then is cancelled), and a
+        thread that starts late or is slowed (a core shared with another process) leaves its
+        slices to the others. When a slice raises, no thread starts another, and the first
+        error is raised once every started slice has finished. grain: items per slice (default: one
         slice per thread); slices of a few items balance uneven threads at the cost of one
         call per slice. work: about how many elements the call touches; below SPLIT_MIN_WORK
         it runs on the caller's thread alone, where the hand-off would cost more than the
@@ -172,14 +174,27 @@ class CPUAttentionPool:
         bounds = list(range(0, total, step)) + [total] if step else [total * i // n for i in range(n + 1)]
         chunks: List[_Chunk] = [_Chunk(fn, args, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
+        errors: List[BaseException] = []
+
         def drain() -> None:
             for c in chunks:
-                c.run()
+                if errors:  # a slice failed: nobody starts another
+                    return
+                try:
+                    c.run()
+                except BaseException as exc:  # noqa: BLE001 - re-raised on the caller below
+                    errors.append(exc)
+                    return
 
         futs = [self._executor.submit(drain) for _ in range(min(n, len(chunks)) - 1)]
-        drain()
-        for f in futs:
-            f.result()
+        try:
+            drain()
+        finally:  # every slice has finished before this returns or raises (they write the caller's memory)
+            for f in futs:
+                if not f.cancel():  # one that never started (a busy pool) is not waited for
+                    f.result()
+        if errors:
+            raise errors[0]
 
     def run_each(self, tasks: Sequence[Callable[[], Any]]) -> List[Any]:
         """Run every task (no arguments) on the caller and up to ``split_threads - 1`` pool threads,

@@ -19,6 +19,7 @@ fp32 logits at idx).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Optional, Tuple
 
 import torch
@@ -179,7 +180,7 @@ def fused_branch_fits(q: Tensor, keys: Tensor, values: Tensor, k: int, per_head:
 #: 8.4M host keys split into the rows, top-k 5%, medians of 9 rounds): 1 row (share 0.5) fused
 #: 5.9 ms, stagewise 4.7; 3 rows (0.75) 4.5 against 4.8; 5 rows (0.83) 4.7 against 5.5; 8 rows
 #: 4.1 against 5.1. Not measured on a many-core host.
-FUSED_MIN_BUSY_SHARE = 2 / 3
+FUSED_MIN_BUSY_SHARE = Fraction(2, 3)
 
 
 def fused_branch_pays(rows: int, threads: int) -> bool:
@@ -190,7 +191,7 @@ def fused_branch_pays(rows: int, threads: int) -> bool:
     if threads == 1 or rows <= 0:
         return True
     rounds = -(-rows // threads)
-    return rows / (threads * rounds) >= FUSED_MIN_BUSY_SHARE
+    return Fraction(rows, threads * rounds) >= FUSED_MIN_BUSY_SHARE
 
 
 def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, how: str = "max",
