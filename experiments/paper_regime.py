@@ -284,7 +284,8 @@ def figure(rows: Sequence[Dict[str, Any]], path: Path) -> Path:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results-dir", default="outputs")
-    p.add_argument("--validation", default=str(_ROOT / "results" / "perfmodel" / "validation.json"))
+    p.add_argument("--validation", nargs="*", default=None,
+                   help="validation JSON files whose rows give the bands (default: every committed run)")
     p.add_argument("--accuracy", default=None, help="folder of bench_baselines CSVs measuring the regime's "
                    "configurations (default: <results-dir>/paper_regime/accuracy)")
     p.add_argument("--readme", default=None, help="also write the verdict between the markers of this README "
@@ -293,8 +294,7 @@ def main(argv=None) -> None:
     from hybridgen.eval.provenance import code_version
     from hybridgen_harness.results import write_json
 
-    vpath = Path(args.validation)
-    validation = json.loads(vpath.read_text()) if vpath.is_file() else None
+    validation = ps.load_validation(ps.validation_files() if args.validation is None else args.validation)
     pts = load_points(Path(args.results_dir), validation)
     out = Path(args.results_dir) / EXP
     write_table(cells(pts), out / "table.csv")
@@ -304,7 +304,7 @@ def main(argv=None) -> None:
         f"Made by `python experiments/paper_regime.py --results-dir {args.results_dir}` from {len(pts)} PROJECTED "
         f"runs of `python experiments/run.py +exp={EXP} results_dir={args.results_dir}`. A cell: HybridGen's speedup "
         "(baseline decode step / HybridGen's, same batch), ±E% the larger of the two sides' model errors "
-        f"({vpath.name if validation else 'no validation file'}), the resource bounding the baseline, and the cell's "
+        f"({ps.validation_label(validation)}), the resource bounding the baseline, and the cell's "
         "regime (in regime: the KV of `full` > the GPU's KV budget, memory.gpu_kv=auto). Placement `gpu budget`: each "
         "method's own placement under that budget; `template`: every method's KV on the host (InfiniGen's setting).\n\n"
         + markdown(rows))
@@ -326,7 +326,7 @@ def main(argv=None) -> None:
         "command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "code": code_version(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": len(pts),
         "run_codes": sorted({json.dumps(pt["code"], sort_keys=True) for pt in pts}),
-        "validation": str(vpath) if validation else None, "paper_band": rg.PAPER_BAND})
+        "validation": validation["files"] if validation else None, "paper_band": rg.PAPER_BAND})
     print(f"{len(rows)} cells -> {out / 'table.md'}, {out / 'table.csv'}, {out / 'speedup.png'}, {out / 'README.md'}"
           + (f"; verdict spliced into {readme}" if readme else ""))
 

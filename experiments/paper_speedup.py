@@ -8,7 +8,8 @@ and writes next to them:
   baseline (baseline step time / HybridGen step time, same batch, so also the throughput ratio),
   labelled ``measured`` (a run on that GPU), ``emulated`` (a run on this machine's CPUs, gpu tier
   emulated) or ``projected`` (the performance model; ``±E%`` is the largest error of the model on
-  the validated rows of that cost function, results/perfmodel/validation.json; ``not validated``
+  the validated rows of that cost function in every committed validation run,
+  results/perfmodel/**/validation.json; ``not validated``
   where no row checks it), and the resource that bounds the baseline there (GPU, CPU or PCIe,
   the largest of the model's three branch totals). Fidelity columns: the method's top-1 agreement
   and mean KL to ``full`` from the emulated run (real SmolLM2, same method code, same KV budget);
@@ -81,6 +82,32 @@ def preset_of(m: Dict[str, Any]) -> str:
         if key.lstrip("+~") == "method":
             return val
     return (m.get("method") or {}).get("name", "?")
+
+
+def validation_files() -> List[str]:
+    """The committed validation runs (``results/perfmodel/validation.json`` and the repeats in its
+    subfolders): the default of ``--validation``."""
+    return [str(p) for p in sorted((_ROOT / "results" / "perfmodel").glob("**/validation.json"))]
+
+
+def load_validation(paths: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """Every row of the validation files ``paths`` as one {'rows': [...], 'files': [...]}, so a cost's
+    band is its largest error over all of those runs (one run of the 2-core VM moves a row by 10-20
+    points); None when ``paths`` is empty. A path that is not a file is a one-line ConfigError."""
+    rows, files = [], []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ConfigError(f"--validation: {path} is not a file (make one: python -m "
+                              "hybridgen_harness.perf.validate --json FILE)")
+        rows += json.loads(Path(path).read_text()).get("rows", [])
+        full = Path(path).resolve()
+        files.append(str(full.relative_to(_ROOT)) if full.is_relative_to(_ROOT) else str(path))
+    return {"rows": rows, "files": files} if files else None
+
+
+def validation_label(validation: Optional[Dict[str, Any]]) -> str:
+    """The validation files a summary used (relative to the repository), for its text."""
+    return ", ".join(validation["files"]) if validation else "no validation file"
 
 
 def model_error(cost: Optional[str], validation: Optional[Dict[str, Any]]) -> Optional[float]:
@@ -282,13 +309,13 @@ def figure(rows: Sequence[Dict[str, Any]], path: Path) -> Path:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results-dir", default="outputs")
-    p.add_argument("--validation", default=str(_ROOT / "results" / "perfmodel" / "validation.json"))
+    p.add_argument("--validation", nargs="*", default=None,
+                   help="validation JSON files whose rows give the bands (default: every committed run)")
     args = p.parse_args(argv)
     from hybridgen.eval.provenance import code_version
     from hybridgen_harness.results import write_json
 
-    vpath = Path(args.validation)
-    validation = json.loads(vpath.read_text()) if vpath.is_file() else None
+    validation = load_validation(validation_files() if args.validation is None else args.validation)
     pts = load_points(Path(args.results_dir), validation)
     rows = speedups(pts)
     out = Path(args.results_dir) / EXP
@@ -297,7 +324,7 @@ def main(argv=None) -> None:
             f"{len(pts)} runs of `python experiments/run.py +exp=paper_speedup results_dir={args.results_dir}`. "
             "A cell: HybridGen's speedup over the baseline (baseline decode step / HybridGen's, same batch), "
             "its label (projected ±E%: the model's largest error on the validated rows of that cost, "
-            f"{vpath.name if validation else 'no validation file'}; emulated: timed on this machine's CPUs), "
+            f"{validation_label(validation)}; emulated: timed on this machine's CPUs), "
             "and the resource bounding the baseline. does not fit: that method's KV cannot be placed in that GPU's "
             "KV budget (memory.gpu_kv=auto). UVM rows: " + _uvm_reason() + ". "
             "Fidelity: teacher-forced top-1 / mean KL to `full` in the emulated run (real SmolLM2-135M, 1K prompt, 32 teacher-forced steps, 20% KV budget; "
@@ -326,7 +353,7 @@ def main(argv=None) -> None:
     write_json(out / "provenance.json", {
         "command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "code": code_version(), "run_codes": [json.loads(c) for c in codes], "runs": len(pts), "cases": cases,
-        "validation": str(vpath) if validation else None, "paper_band": PAPER_BAND,
+        "validation": validation["files"] if validation else None, "paper_band": PAPER_BAND,
         "rows": {b: LABELS.get(b, b) for b in sorted({r["baseline"] for r in rows})}})
     print(f"{len(rows)} cells -> {out / 'table.md'}, {out / 'table.csv'}, {out / 'speedup.png'}")
 

@@ -7,7 +7,8 @@ GPU's KV budget (``memory.gpu_kv=auto``: GPU memory x gpu_kv_fraction - weights)
 
 The verdict per GPU and baseline is the geometric mean of HybridGen's speedup (baseline step /
 HybridGen step) over the IN-REGIME cells where both fit, with a band from the performance model's
-measured error on the costs that priced the two sides (results/perfmodel/validation.json): a step
+measured error on the costs that priced the two sides (every committed validation run,
+results/perfmodel/**/validation.json: a cost's largest error over all of them): a step
 priced within ±e is off by at most that factor, so the ratio lies in
 ``[G (1 - e_b) / (1 + e_h), G (1 + e_b) / (1 - e_h)]`` (e_b, e_h: the largest error of the baseline's and
 HybridGen's cost over those cells; no band where a cost is not validated).

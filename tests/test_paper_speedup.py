@@ -167,3 +167,28 @@ def test_committed_table_has_the_peers_rows():
     md = (COMMITTED / "table.md").read_text()
     for base in PEERS:
         assert md.count(f"| {ps.LABELS[base]} |") == len(cases) + (base != "pyramidkv-offload"), base
+
+
+def test_bands_take_the_largest_error_over_every_validation_run(tmp_path):
+    """Two runs of the validation: a cost's error is the larger of its rows in both (one noisy
+    run alone would narrow the band); a missing file is a one-line error, none is no band."""
+    import json
+
+    from hybridgen.errors import ConfigError
+
+    def run(err_hg, err_full):
+        return {"rows": [{"name": "x", "method": "hybridgen", "model_only_error_pct": err_hg},
+                         {"name": "y GPU SDPA", "error_pct": err_full}]}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(run(-12.0, 3.0)))
+    b.write_text(json.dumps(run(-30.0, -2.0)))
+    both = ps.load_validation([str(a), str(b)])
+    assert both["files"] == [str(a), str(b)] and len(both["rows"]) == 4  # (outside the repository: as given)
+    assert ps.model_error("hybridgen", both) == pytest.approx(30.0)
+    assert ps.model_error("full", both) == pytest.approx(3.0)
+    assert ps.model_error("hybridgen", ps.load_validation([str(a)])) == pytest.approx(12.0)
+    assert ps.load_validation([]) is None and ps.validation_label(None) == "no validation file"
+    with pytest.raises(ConfigError, match="--validation: .*missing.json is not a file"):
+        ps.load_validation([str(a), str(tmp_path / "missing.json")])
+    assert any(f.replace("\\", "/").endswith("results/perfmodel/validation.json") for f in ps.validation_files())
