@@ -36,7 +36,8 @@ def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]]) -> Tuple
         meas[key] = r["ms"] / 1e3
     table = pm.compare_to_measured(preds, meas, field="attention_layer_s")
     rows = [{"section": "projection", "method": row.key, "projected_ms": row.predicted_s * 1e3,
-             "ms": row.measured_s * 1e3, "error_pct": row.error_pct, "status": "ok"} for row in table.rows]
+             "ms": row.measured_s * 1e3, "error_pct": row.error_pct, "cost": preds[row.key].cost, "status": "ok"}
+            for row in table.rows]
     rows += [{"section": "projection", "method": key, "status": "not modelled"} for key in not_modelled]
     md = table.to_markdown()
     if not_modelled:
