@@ -67,3 +67,5 @@ fi
 timeout 90 $py benchmarks/bench_cpu_scan.py "${b1_args[@]}" --json "$out/cpu_scan_b1.json" 2>&1 \
   | tee "$out/cpu_scan_b1.txt" | grep -E "^## |^read|default branch|bf16dot scan"
 echo "== done: $(ls "$out" | tr '\n' ' ')"
+echo "next, on any machine: python -m benchmarks.gpu.validation_rows --csv <these files>/bench_gpu.csv" \
+  "--json results/perfmodel/gpu_runs/validation.json --gpu <GPU> --force (the model's error on this host, in the bands)"
