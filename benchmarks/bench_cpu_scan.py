@@ -64,10 +64,10 @@ import torch  # noqa: E402
 from hybridgen.attention import cpu_scan as cs  # noqa: E402
 from hybridgen.attention import native  # noqa: E402
 from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
-from hybridgen.attention.cpu_select import (DEFAULT_OVERSAMPLE, fused_branch_bf16dot,  # noqa: E402
-                                            fused_branch_pays, select_bf16dot)
+from hybridgen.attention.cpu_select import (DEFAULT_OVERSAMPLE, fused_branch_pays,  # noqa: E402
+                                            select_bf16dot)
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
-from hybridgen.hybrid.host_branch import (HostSelection, host_branch, pipelined_host_branch,  # noqa: E402
+from hybridgen.hybrid.host_branch import (fused_host_branch, host_branch, pipelined_host_branch,  # noqa: E402
                                           scan_precision, topk_count)
 from hybridgen.eval.environment import cpu_model  # noqa: E402
 from hybridgen.eval.provenance import code_version  # noqa: E402
@@ -159,15 +159,6 @@ def recall_default(q: torch.Tensor, keys: torch.Tensor, k: int) -> float:
     return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
 
 
-def fused_anyway(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k: int, pool, v_out) -> HostSelection:
-    """The default branch fused per row even where it leaves threads idle (fewer rows than
-    threads: the default then runs stagewise, ``fused_branch_pays``), to compare the two."""
-    idx, logits, v_rows, sec = fused_branch_bf16dot(q, keys, vals, keys.shape[-1] ** -0.5, k, DEFAULT.group_score,
-                                                    DEFAULT.scan_oversample, v_out, pool)
-    scan_s, topk_s, recompute_s, gather_s = sec.tolist()
-    return HostSelection(idx, logits, v_rows, None, None, True, scan_s, topk_s, gather_s, recompute_s=recompute_s)
-
-
 def run(args, threads: int, data: dict) -> dict:
     torch.set_num_threads(threads)
     pool = CPUAttentionPool(workers=1, split_threads=threads)
@@ -211,7 +202,8 @@ def run(args, threads: int, data: dict) -> dict:
     branch_fns["default branch stagewise"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool,
                                                                       v_out=v_out, fused=False)
     if not fused_branch_pays(B * H, pool.threads_for(B * H * G * T * D)):  # the default chose stagewise here
-        branch_fns["default branch fused anyway"] = lambda i: fused_anyway(q, keys[i], vals, k_sel, pool, v_out)
+        branch_fns["default branch fused anyway"] = lambda i: fused_host_branch(
+            q, keys[i], vals, scale, k_sel, DEFAULT.group_score, DEFAULT.scan_oversample, v_out, pool)
     fns.update(branch_fns)
     load0 = os.getloadavg()
     secs = rounds(fns, args.reps, args.copies)

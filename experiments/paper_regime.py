@@ -294,7 +294,7 @@ def main(argv=None) -> None:
     from hybridgen.eval.provenance import code_version
     from hybridgen_harness.results import write_json
 
-    validation = ps.load_validation(ps.validation_files() if args.validation is None else args.validation)
+    validation = ps.load_validation(args.validation)
     pts = load_points(Path(args.results_dir), validation)
     out = Path(args.results_dir) / EXP
     write_table(cells(pts), out / "table.csv")

@@ -90,12 +90,13 @@ def validation_files() -> List[str]:
     return [str(p) for p in sorted((_ROOT / "results" / "perfmodel").glob("**/validation.json"))]
 
 
-def load_validation(paths: Sequence[str]) -> Optional[Dict[str, Any]]:
-    """Every row of the validation files ``paths`` as one {'rows': [...], 'files': [...]}, so a cost's
-    band is its largest error over all of those runs (one run of the 2-core VM moves a row by 10-20
-    points); None when ``paths`` is empty. A path that is not a file is a one-line ConfigError."""
+def load_validation(paths: Optional[Sequence[str]] = None) -> Optional[Dict[str, Any]]:
+    """Every row of the validation files ``paths`` (default: :func:`validation_files`) as one
+    {'rows': [...], 'files': [...]}, so a cost's band is its largest error over all of those runs
+    (one run of the 2-core VM moves a row by 10-20 points); None when ``paths`` is empty. A path
+    that is not a file is a one-line ConfigError."""
     rows, files = [], []
-    for path in paths:
+    for path in validation_files() if paths is None else paths:
         if not Path(path).is_file():
             raise ConfigError(f"--validation: {path} is not a file (make one: python -m "
                               "hybridgen_harness.perf.validate --json FILE)")
@@ -315,7 +316,7 @@ def main(argv=None) -> None:
     from hybridgen.eval.provenance import code_version
     from hybridgen_harness.results import write_json
 
-    validation = load_validation(validation_files() if args.validation is None else args.validation)
+    validation = load_validation(args.validation)
     pts = load_points(Path(args.results_dir), validation)
     rows = speedups(pts)
     out = Path(args.results_dir) / EXP

@@ -9,8 +9,9 @@ file) carry the model's error on a real GPU host, not only on the probes and the
 
 Kept: runs with at least half of the KV on the host (the split the paper's regime puts there) and
 ``full``; a method at its defaults labelled by the cost function that priced it, a variant of the
-benchmark (:data:`VARIANTS`) by its own name, so only the former widen the comparison's bands. Left out, and listed: the runs with nothing on the host (``gpu_budget=1.0``: they check
-that path's cost, not the regime's) and any the model does not price.
+benchmark (:data:`VARIANTS`) by its own name, so only the former widen the comparison's bands.
+Left out, and listed: the runs with nothing on the host (``gpu_budget=1.0``: they check that
+path's cost, not the regime's) and any the model does not price. Run from the repository root.
 
     python -m benchmarks.gpu.validation_rows --csv results/gpu/bench_gpu.csv \\
         --json results/perfmodel/gpu_runs/validation.json
@@ -23,12 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from benchmarks.gpu.config import BenchConfig  # noqa: E402
-from benchmarks.gpu.projection import projection_rows  # noqa: E402
+from benchmarks.gpu.config import BenchConfig
+from benchmarks.gpu.projection import projection_rows
 
 SOURCE = "gpu-run"
 MIN_HOST_SHARE = 0.5

@@ -113,13 +113,7 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     if (fused and sketch is None and precision == "bf16dot" and (v_out is None or v_out.is_contiguous())
             and fused_branch_fits(q, keys, values, k, per_head, mask, backend, topk_backend)
             and fused_branch_pays(B * Hkv, (pool or default_pool()).threads_for(B * Hq * T * keys.shape[-1]))):
-        idx, logits, v_rows, sec = fused_branch_bf16dot(q, keys, values, scale, k, group_score, oversample,
-                                                        v_out, pool)
-        t0 = time.perf_counter()
-        k_rows = gather_rows(keys, idx, pool=pool) if keep_keys else None
-        scan_s, topk_s, recompute_s, gather_s = sec.tolist()
-        return HostSelection(idx, logits, v_rows, k_rows, None, True, scan_s, topk_s,
-                             gather_s + time.perf_counter() - t0, recompute_s=recompute_s)
+        return fused_host_branch(q, keys, values, scale, k, group_score, oversample, v_out, pool, keep_keys)
     buf = scratch_logits(B * Hq * T)
     t0 = time.perf_counter()
     if sketch is not None:
@@ -151,6 +145,21 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     t4 = time.perf_counter()
     return HostSelection(idx, sel_logits, v_rows, k_rows, sel_mask, exact, t1 - t0, t2 - t1, t4 - t3,
                          recompute_s=t3 - t2)
+
+
+def fused_host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, group_score: str = "max",
+                      oversample: float = 1.0, v_out: Optional[Tensor] = None,
+                      pool: Optional[CPUAttentionPool] = None, keep_keys: bool = False) -> HostSelection:
+    """The bf16-dot branch fused per (batch, KV head) row
+    (:func:`~hybridgen.attention.cpu_select.fused_branch_bf16dot`) as a :class:`HostSelection`,
+    whether or not it keeps the threads busy (:func:`host_branch` runs it where it fits and pays;
+    a benchmark runs it anyway to compare). q [B, Hq, D]; keys / values [B, Hkv, T, D] bf16."""
+    idx, logits, v_rows, sec = fused_branch_bf16dot(q, keys, values, scale, k, group_score, oversample, v_out, pool)
+    t0 = time.perf_counter()
+    k_rows = gather_rows(keys, idx, pool=pool) if keep_keys else None
+    scan_s, topk_s, recompute_s, gather_s = sec.tolist()
+    return HostSelection(idx, logits, v_rows, k_rows, None, True, scan_s, topk_s,
+                         gather_s + time.perf_counter() - t0, recompute_s=recompute_s)
 
 
 def pipelined_host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, per_head: bool,
