@@ -146,7 +146,9 @@ def test_select_ties_and_small_rows():
         cs.select(logits, 1, 3, True, "max", "cuda")
 
 
-@pytest.mark.parametrize("G,shared", [(4, True), (1, True), (3, False), (8, True)])
+# every group size (each has its own AVX-512 tile of rows x heads), 17 rows: a tail in every tile
+@pytest.mark.parametrize("G,shared", [(4, True), (1, True), (2, False), (3, False), (5, True), (6, False), (7, True),
+                                      (8, True)])
 def test_exact_logits_at_reads_rows_in_place(G, shared):
     B, Hkv, D, T = 2, 2, 64, 300
     seg = _segment(B, Hkv, T, D, torch.bfloat16)

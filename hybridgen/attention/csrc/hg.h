@@ -82,6 +82,9 @@ AVX2 static inline float hsum_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* one 512-bit fp32 accumulator -> 256 bits (the two halves added; AVX-512 DQ bodies) */
+#define FOLD512(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps((a), 1))
+
 /* 8 accumulators -> one vector of their 8 horizontal sums (lane i = sum of a_i) */
 AVX2 static inline __m256 reduce8_ps(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
                                      __m256 a7) {

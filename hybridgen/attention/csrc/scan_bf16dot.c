@@ -39,8 +39,6 @@ HG_API int hg_has_bf16dot(void) {
 #ifdef HG_X86
 #define AVX512BF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
-/* one 512-bit fp32 accumulator -> 256 bits (the two halves added) */
-#define FOLD512(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps((a), 1))
 
 /* ntok (a multiple of NT_) tokens from row r0 on, NT_ at a time, G_ heads each; qb [G_][D] bf16 */
 #define DP_TILE(G_, NT_)                                                                              \

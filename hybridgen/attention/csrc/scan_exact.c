@@ -187,14 +187,21 @@ static void permute_q32(const float *q, float *qp, int64_t G, int64_t D) {
                     acc[n][g] = _mm512_fmadd_ps(qo, ko[n], _mm512_fmadd_ps(qe, ke[n], acc[n][g]));   \
             }                                                                                        \
         }                                                                                            \
-        for (int n = 0; n < NT_; n++)                                                                \
-            for (int g = 0; g < G_; g++) o[n * G_ + g] = _mm512_reduce_add_ps(acc[n][g]) * scale;    \
+        enum { NA = NT_ * G_ };                                                                      \
+        const __m512 *a = &acc[0][0];                                                                \
+        int i = 0;                                                                                   \
+        for (; i + 8 <= NA; i += 8) /* eight horizontal sums at once, in token-major order */        \
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(reduce8_ps(FOLD512(a[i]), FOLD512(a[i + 1]), FOLD512(a[i + 2]), \
+                                                             FOLD512(a[i + 3]), FOLD512(a[i + 4]), FOLD512(a[i + 5]), \
+                                                             FOLD512(a[i + 6]), FOLD512(a[i + 7])),  \
+                                                  _mm256_set1_ps(scale)));                           \
+        for (; i < NA; i++) o[i] = hsum_ps(FOLD512(a[i])) * scale;                                   \
     }
-ROWS512(1, 8) ROWS512(2, 4) ROWS512(3, 2) ROWS512(4, 2) ROWS512(5, 1) ROWS512(6, 1) ROWS512(7, 1) ROWS512(8, 1)
+ROWS512(1, 8) ROWS512(2, 4) ROWS512(3, 4) ROWS512(4, 4) ROWS512(5, 2) ROWS512(6, 2) ROWS512(7, 2) ROWS512(8, 2)
 typedef void (*rows512_fn)(const float *, const uint16_t *const *, int64_t, float, float *);
 static const rows512_fn rows512[9] = {0, rows512_g1, rows512_g2, rows512_g3, rows512_g4,
                                       rows512_g5, rows512_g6, rows512_g7, rows512_g8};
-static const int rows512_nt[9] = {0, 8, 4, 2, 2, 1, 1, 1, 1};
+static const int rows512_nt[9] = {0, 8, 4, 4, 4, 2, 2, 2, 2};
 #endif /* HG_X86 */
 
 /* ---------------------------------------------------------------- exported */
@@ -257,7 +264,7 @@ HG_API void hg_rows_bf16(const float *q, const uint16_t *k, int64_t cap, const i
         const int64_t *ir = idx + r * kk;
 #ifdef HG_X86
         if (hg_isa() >= HG_ISA_AVX512 && D % 32 == 0 && D <= 512 && G >= 1 && G <= 8) {
-            float qp[8 * 512], tmp[8];
+            float qp[8 * 512], tmp[16];
             const uint16_t *rows[8];
             permute_q32(qb, qp, G, D);
             const int nt = rows512_nt[G];
