@@ -8,10 +8,13 @@ GPU's KV budget (``memory.gpu_kv=auto``: GPU memory x gpu_kv_fraction - weights)
 The verdict per GPU and baseline is the geometric mean of HybridGen's speedup (baseline step /
 HybridGen step) over the IN-REGIME cells where both fit, with a band from the performance model's
 measured error on the costs that priced the two sides (every committed validation run,
-results/perfmodel/**/validation.json: a cost's largest error over all of them): a step
-priced within ±e is off by at most that factor, so the ratio lies in
-``[G (1 - e_b) / (1 + e_h), G (1 + e_b) / (1 - e_h)]`` (e_b, e_h: the largest error of the baseline's and
-HybridGen's cost over those cells; no band where a cost is not validated).
+results/perfmodel/**/validation.json: a cost's largest |error| over all of them). A validation
+error is e = (predicted - measured) / measured, so a step priced with error e measures
+predicted / (1 + e), and the speedup measures ``G (1 + e_h) / (1 + e_b)``; with |e_b| <= E_b and
+|e_h| <= E_h it lies in ``[G (1 - E_h) / (1 + E_b), G (1 + E_h) / (1 - E_b)]`` (E_b, E_h: the largest
+|error| of the baseline's and HybridGen's cost over those cells; the top is unbounded from E_b = 100%;
+no band where a cost is not validated). A model that under-prices HybridGen (e_h < 0) over-states
+its speedup: the band's low end is set by HybridGen's error.
 
 Rows here are the dicts of ``results/paper_regime/table.csv`` (experiments/paper_regime.py): keys
 ``placement, gpu, regime, baseline, speedup, baseline_error_pct, hybridgen_error_pct, bound,
@@ -57,12 +60,15 @@ def geomean(values: Iterable[float]) -> float:
 
 def error_band(g: float, baseline_error_pct: Optional[float], hybridgen_error_pct: Optional[float]
                ) -> Tuple[Optional[float], Optional[float]]:
-    """(low, high) of a speedup ``g`` whose two steps are each priced within the given |error| (%);
-    (None, None) when either side's cost is not validated."""
+    """(low, high) of a speedup ``g`` = baseline step / HybridGen step, both predicted, whose steps
+    are each priced within the given |error| (%, e = (predicted - measured) / measured): the range
+    of ``g (1 + e_h) / (1 + e_b)`` (see the module docstring); (None, None) when either side's cost
+    is not validated."""
     if baseline_error_pct is None or hybridgen_error_pct is None:
         return None, None
     eb, eh = abs(baseline_error_pct) / 100.0, abs(hybridgen_error_pct) / 100.0
-    return g * (1 - eb) / (1 + eh), (g * (1 + eb) / (1 - eh) if eh < 1 else math.inf)
+    # e >= -100% always (a predicted time is >= 0): the low end is never below 0
+    return g * max(0.0, 1 - eh) / (1 + eb), (g * (1 + eh) / (1 - eb) if eb < 1 else math.inf)
 
 
 @dataclass(frozen=True)

@@ -64,13 +64,34 @@ def test_the_verdict_is_the_geometric_mean_of_the_in_regime_cells_only():
     v = rg.verdict(rows, pr.GPU_BUDGET, "a100", "flexgen")
     assert v.speedup == pytest.approx(4.0)  # with the out-of-regime cells it would be ~0.79
     assert (v.cells, v.refused, v.refused_why) == (2, 1, "1x does not fit GPU (baseline)")
-    assert v.low == pytest.approx(4.0 * 0.9 / 1.05) and v.high == pytest.approx(4.0 * 1.1 / 0.95)
+    assert v.low == pytest.approx(4.0 * 0.95 / 1.1) and v.high == pytest.approx(4.0 * 1.05 / 0.9)
     assert (v.bound, v.hybridgen_bound, v.outcome) == ("PCIe", "CPU", "reproduced")
+
+
+@pytest.mark.parametrize("eb, eh", [(10.0, 5.0), (42.0, 70.0), (5.0, 60.0), (80.0, 20.0)])
+def test_the_band_holds_every_measured_speedup_the_errors_allow(eb, eh):
+    """From first principles: steps measured at predicted / (1 + e) for every error |e| <= E (the
+    validation's e = (predicted - measured) / measured) give measured speedups that all lie in the
+    band, and its two ends are reached (a band with the two sides' errors swapped fails here)."""
+    pred_base, pred_hyb = 8.0, 2.0
+    g = pred_base / pred_hyb
+    low, high = rg.error_band(g, eb, eh)
+    seen = []
+    for e_b in (-eb / 100, 0.0, eb / 100):
+        for e_h in (-eh / 100, 0.0, eh / 100):
+            seen.append((pred_base / (1 + e_b)) / (pred_hyb / (1 + e_h)))
+    assert all(low - 1e-12 <= s <= high + 1e-12 for s in seen)
+    assert min(seen) == pytest.approx(low) and max(seen) == pytest.approx(high)
+
+
+def test_the_band_is_open_above_when_the_baseline_may_be_priced_at_zero():
+    assert rg.error_band(2.0, 100.0, 10.0) == (pytest.approx(2.0 * 0.9 / 2.0), math.inf)
+    assert rg.error_band(2.0, 10.0, 150.0)[0] == 0.0  # e >= -100%: never a negative speedup
 
 
 @pytest.mark.parametrize("speedups, eb, want", [
     ([0.5, 0.5], 10.0, "refuted"),
-    ([1.45], 10.0, "inconclusive"),   # 1.45 x 0.9 / 1.05 < 1.41 < 1.45
+    ([1.45], 10.0, "inconclusive"),   # 1.45 x 0.95 / 1.1 < 1.41 < 1.45
     ([1.45], None, "reproduced"),     # no band: the mean alone decides
     ([], 10.0, "untested"),
 ])
