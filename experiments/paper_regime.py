@@ -241,13 +241,15 @@ def verdict_markdown(rows: Sequence[Dict[str, Any]]) -> str:
              f"speedup over each baseline across the in-regime cells where both fit, its band from the model's "
              f"measured error [low-high], the cell count n, and the resource (GPU, CPU or PCIe: the largest branch of the "
              f"model's step) that bounds the baseline and HybridGen in most of those cells: the why. "
-             f"*Reproduced*: the band at or above the paper's {lo:g}x; *refuted*: below it; *inconclusive*: across it.",
+             f"*Reproduced*: the band at or above the paper's {lo:g}x; *refuted*: below it; *inconclusive*: across it; "
+             f"*not validated*: a side's cost has no validation row in some cell, so there is no band and the "
+             f"projection alone decides nothing.",
              ""]
     for placement in PLACEMENTS:
         for gpu, title in GPUS:
             gv = [v for v in vs if v.placement == placement and v.gpu == gpu]
             parts = []
-            for outcome in ("reproduced", "inconclusive", "refuted", "untested"):
+            for outcome in ("reproduced", "inconclusive", "refuted", rg.NOT_VALIDATED, "untested"):
                 items = [f"{ps.LABELS.get(v.baseline, v.baseline)} {rg.band_text(v)}"
                          + (f" (n={v.cells}; bound by {v.bound}, HybridGen by {v.hybridgen_bound})" if v.cells else "")
                          + (f" ({v.refused_why})" if v.refused else "")

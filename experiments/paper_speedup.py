@@ -7,10 +7,11 @@ and writes next to them:
   table with a row per baseline and a column per GPU; a cell is HybridGen's speedup over that
   baseline (baseline step time / HybridGen step time, same batch, so also the throughput ratio),
   labelled ``measured`` (a run on that GPU), ``emulated`` (a run on this machine's CPUs, gpu tier
-  emulated) or ``projected`` (the performance model; ``±E%`` is the largest error of the model on
-  the validated rows of that cost function in every committed validation run,
+  emulated) or ``projected`` (the performance model, with the band ``[low-high]`` the model's
+  error allows, ``hybridgen_harness.regime.error_band``: each side's cost within its largest error
+  on the validated rows of that cost function in every committed validation run,
   results/perfmodel/**/validation.json; ``not validated``
-  where no row checks it), and the resource that bounds the baseline there (GPU, CPU or PCIe,
+  where no row checks a side's cost), and the resource that bounds the baseline there (GPU, CPU or PCIe,
   the largest of the model's three branch totals). Fidelity columns: the method's top-1 agreement
   and mean KL to ``full`` from the emulated run (real SmolLM2, same method code, same KV budget);
 - ``table.csv``: the same, one line per (case, GPU, baseline), every number;
@@ -44,9 +45,10 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
+from hybridgen_harness import regime as rg  # noqa: E402
 
 EXP = "paper_speedup"
-PAPER_BAND = (1.41, 3.2)
+PAPER_BAND = rg.PAPER_BAND  # the paper's claimed speedups (one place: hybridgen_harness.regime)
 HYBRIDGEN_PRESETS = ("hybridgen", "hybridgen-b20")
 GPUS = [("a100", "A100 80GB"), ("h100", "H100 80GB"), ("rtx5090", "RTX 5090 32GB"), ("h200", "H200 141GB")]
 CPU_COLUMN = ("cpu-emulated", "this CPU (emulated)")
@@ -214,6 +216,7 @@ def speedups(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
             out.append({"case": case, "gpu": gpu, "baseline": preset, "row": LABELS.get(preset, preset),
                         "method": p["method"], "params": p["params"], "label": p["label"],
                         "model_error_pct": p["error_pct"], "cost": p["cost"],
+                        "hybridgen_error_pct": hg["error_pct"] if hg else None,
                         "baseline_step_ms": 1e3 * p["step_s"] if p["step_s"] else None,
                         "hybridgen_step_ms": 1e3 * hg["step_s"] if hg and hg["step_s"] else None,
                         "speedup": sp, "baseline_fits": p["fits"], "hybridgen_fits": hg["fits"] if hg else None,
@@ -226,14 +229,22 @@ def speedups(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
+def speedup_band(r: Dict[str, Any]):
+    """(low, high) of a projected speedup from both sides' model errors (None, None: a side not validated)."""
+    if r["speedup"] is None:
+        return None, None
+    return rg.error_band(r["speedup"], r["model_error_pct"], r.get("hybridgen_error_pct"))
+
+
 def cell(r: Dict[str, Any]) -> str:
-    """'2.13x projected ±10% (PCIe)' / 'does not fit (baseline) projected' / '0.91x emulated'."""
+    """'2.13x projected [1.80-2.52] (PCIe)' / 'does not fit (baseline) projected' / '0.91x emulated'."""
     lab = r["label"]
-    if lab == "projected":
-        lab += f" ±{r['model_error_pct']:.0f}%" if r["model_error_pct"] is not None else " (not validated)"
     if r["speedup"] is None:
         who = "baseline" if r["baseline_fits"] is False else "HybridGen" if r["hybridgen_fits"] is False else None
         return f"{'does not fit (' + who + ')' if who else 'n/a'} {lab}"
+    if lab == "projected":
+        lo, hi = speedup_band(r)
+        lab += f" [{lo:.2f}-{hi:.2f}]" if lo is not None else " (not validated)"
     bound = f" ({r['bound']})" if r.get("bound") else ""
     return f"{r['speedup']:.2f}x {lab}{bound}"
 
@@ -324,7 +335,8 @@ def main(argv=None) -> None:
             f"Made by `python experiments/paper_speedup.py --results-dir {args.results_dir}` from "
             f"{len(pts)} runs of `python experiments/run.py +exp=paper_speedup results_dir={args.results_dir}`. "
             "A cell: HybridGen's speedup over the baseline (baseline decode step / HybridGen's, same batch), "
-            "its label (projected ±E%: the model's largest error on the validated rows of that cost, "
+            "its label (projected [low-high]: the band both sides' model errors allow, each cost's largest error "
+            "on the validated rows of that cost, "
             f"{validation_label(validation)}; emulated: timed on this machine's CPUs), "
             "and the resource bounding the baseline. does not fit: that method's KV cannot be placed in that GPU's "
             "KV budget (memory.gpu_kv=auto). UVM rows: " + _uvm_reason() + ". "

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from hybridgen.errors import ConfigError
 
 IN_REGIME = "in regime"
+NOT_VALIDATED = "not validated"
 OUT_OF_REGIME = "out of regime"
 PAPER_BAND = (1.41, 3.2)
 
@@ -79,8 +80,10 @@ class Verdict:
     from the model's error (None: a cost not validated); cells: in-regime cells used; refused: in-regime
     cells where a side does not fit (or cannot run), refused_why their statuses counted ('8x does not fit
     GPU (baseline)'); bound / hybridgen_bound: the resource bounding each
-    side most often over the cells used ('-' without cells); outcome: 'reproduced' (the band at or above
-    the paper's 1.41x), 'refuted' (the band below 1.41x), 'inconclusive' (the band straddles 1.41x) or
+    side most often over the cells used ('-' without cells); unvalidated: cells used whose baseline or
+    HybridGen cost has no validation row (any: no band); outcome: 'reproduced' (the band at or above
+    the paper's 1.41x), 'refuted' (the band below 1.41x), 'inconclusive' (the band straddles 1.41x),
+    'not validated' (no band: the point estimate alone decides nothing, whatever its value) or
     'untested' (no cell)."""
 
     placement: str
@@ -95,6 +98,7 @@ class Verdict:
     bound: str
     hybridgen_bound: str
     outcome: str
+    unvalidated: int = 0
 
 
 def _num(x: Any) -> Optional[float]:
@@ -110,10 +114,12 @@ def _most_common(values: Sequence[Any]) -> str:
 
 
 def outcome_of(speedup: Optional[float], low: Optional[float], high: Optional[float]) -> str:
-    """'reproduced' / 'refuted' / 'inconclusive' / 'untested' (see :class:`Verdict`)."""
+    """'reproduced' / 'refuted' / 'inconclusive' / 'not validated' / 'untested' (see :class:`Verdict`)."""
     if speedup is None:
         return "untested"
-    lo, hi = (speedup, speedup) if low is None else (low, high)
+    if low is None:  # the model's error on a side is unknown: a point estimate is no verdict
+        return NOT_VALIDATED
+    lo, hi = low, high
     if lo >= PAPER_BAND[0]:
         return "reproduced"
     if hi < PAPER_BAND[0]:
@@ -141,9 +147,10 @@ def verdict(rows: Sequence[Mapping[str, Any]], placement: str, gpu: str, baselin
     eb = [_num(r.get("baseline_error_pct")) for r in used]
     eh = [_num(r.get("hybridgen_error_pct")) for r in used]
     lo, hi = error_band(g, None if None in eb else max(map(abs, eb)), None if None in eh else max(map(abs, eh)))
+    unvalidated = sum(1 for b, h in zip(eb, eh) if b is None or h is None)
     return Verdict(placement, gpu, baseline, g, lo, hi, len(used), len(cells) - len(used), why,
                    _most_common([r.get("bound") for r in used]), _most_common([r.get("hybridgen_bound") for r in used]),
-                   outcome_of(g, lo, hi))
+                   outcome_of(g, lo, hi), unvalidated)
 
 
 def verdicts(rows: Sequence[Mapping[str, Any]], placements: Sequence[str], gpus: Sequence[str],
@@ -153,9 +160,9 @@ def verdicts(rows: Sequence[Mapping[str, Any]], placements: Sequence[str], gpus:
 
 
 def band_text(v: Verdict) -> str:
-    """'2.13x [1.80-2.52]' / '2.13x (error not validated)' / 'no cell where both fit'."""
+    """'2.13x [1.80-2.52]' / '2.13x (model error not validated in 2 of 12 cells)' / 'no cell where both fit'."""
     if v.speedup is None:
         return "no in-regime cell where both fit"
     if v.low is None:
-        return f"{v.speedup:.2f}x (model error not validated)"
+        return f"{v.speedup:.2f}x (model error not validated in {v.unvalidated} of {v.cells} cells)"
     return f"{v.speedup:.2f}x [{v.low:.2f}-{v.high:.2f}]"

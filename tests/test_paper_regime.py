@@ -92,14 +92,22 @@ def test_the_band_is_open_above_when_the_baseline_may_be_priced_at_zero():
 @pytest.mark.parametrize("speedups, eb, want", [
     ([0.5, 0.5], 10.0, "refuted"),
     ([1.45], 10.0, "inconclusive"),   # 1.45 x 0.95 / 1.1 < 1.41 < 1.45
-    ([1.45], None, "reproduced"),     # no band: the mean alone decides
+    ([1.45], None, "not validated"),  # no band: a point estimate, however far from 1.41x, decides nothing
+    ([0.2], None, "not validated"),
     ([], 10.0, "untested"),
 ])
 def test_the_outcome_compares_the_band_with_the_papers_lower_bound(speedups, eb, want):
     v = rg.verdict([_row(s, eb=eb) for s in speedups], pr.GPU_BUDGET, "a100", "flexgen")
     assert v.outcome == want
     if eb is None and speedups:
-        assert v.low is None and "not validated" in rg.band_text(v)
+        assert v.low is None and "not validated in 1 of 1 cells" in rg.band_text(v)
+
+
+def test_one_unvalidated_cell_leaves_the_verdict_without_a_band():
+    rows = [_row(5.0), _row(6.0), _row(0.9, eb=None)]
+    v = rg.verdict(rows, pr.GPU_BUDGET, "a100", "flexgen")
+    assert (v.cells, v.unvalidated, v.low, v.outcome) == (3, 1, None, rg.NOT_VALIDATED)
+    assert "not validated in 1 of 3 cells" in rg.band_text(v)
 
 
 # -- the cells: placements, host fit ---------------------------------------------------------------

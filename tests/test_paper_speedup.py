@@ -95,7 +95,8 @@ def _metrics(preset, gpu, step_s, kind="project", fits=True, cost="flexgen-strea
 def test_speedup_cells_are_ratios_with_labels_oom_and_fidelity():
     validation = {"rows": [{"name": "GQA L=8192 90% host: FlexGen stream", "error_pct": -1.8, "fitted": ""},
                            {"name": "GQA L=32768 90% host: FlexGen stream", "error_pct": 12.0, "fitted": ""},
-                           {"name": "x FlexGen stream", "error_pct": 90.0, "fitted": "link.h2d"}]}
+                           {"name": "x FlexGen stream", "error_pct": 90.0, "fitted": "link.h2d"},
+                           {"name": "GQA L=8192 90% host: HybridGen step", "error_pct": -20.0, "fitted": ""}]}
     runs = [_metrics("hybridgen", "a100", 0.100, cost="hybridgen"), _metrics("flexgen", "a100", 0.250),
             _metrics("hybridgen-b20", "a100", 0.050, cost="hybridgen"),  # a stale fixed-top-k run: not the row
             _metrics("h2o", "a100", 0.050, fits=False, cost="h2o"),
@@ -112,7 +113,11 @@ def test_speedup_cells_are_ratios_with_labels_oom_and_fidelity():
     assert by[("template", "a100", "h2o")]["speedup"] is None
     assert by[("emulated", "cpu-emulated", "flexgen")]["speedup"] == pytest.approx(1.5)
     assert by[("template", "a100", "flexgen")]["top1"] == 1.0  # fidelity from the emulated run of the same preset
-    assert ps.cell(by[("template", "a100", "flexgen")]) == "2.50x projected ±12% (PCIe)"
+    # the band from BOTH sides' errors: HybridGen's 20%, FlexGen's 12% (2.5 x 0.8 / 1.12, 2.5 x 1.2 / 0.88)
+    assert by[("template", "a100", "flexgen")]["hybridgen_error_pct"] == pytest.approx(20.0)
+    assert ps.cell(by[("template", "a100", "flexgen")]) == "2.50x projected [1.79-3.41] (PCIe)"
+    assert ps.cell({**by[("template", "a100", "flexgen")], "hybridgen_error_pct": None}) == \
+        "2.50x projected (not validated) (PCIe)"
     assert ps.cell(by[("template", "a100", "h2o")]).startswith("does not fit (baseline) projected")
     assert ps.cell(by[("emulated", "cpu-emulated", "flexgen")]) == "1.50x emulated"
     md = ps.markdown(rows)
