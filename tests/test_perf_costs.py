@@ -44,7 +44,7 @@ def test_fixed_per_layer_cost_grows_with_op_and_launch_costs():
 
 def test_work_after_the_wait_is_serial_not_inside_the_max():
     c = ctx(key_scan_pinned_gbps={"bf16": 5000.0}, topk_gbps=5000.0, group_score_gbps=5000.0, select_gbps=5000.0, op_us=0.0,
-            dram_read_gbps=5000.0)
+            dram_read_gbps=5000.0, gather_gbps=5000.0)
     lay = hg(c, gpu_budget=0.5, topk_ratio=0.01)
     br = lay.breakdown
     assert lay.cpu < br["gpu_pre_s"]                          # the CPU branch is hidden
@@ -162,9 +162,10 @@ def test_hybridgen_key_sketch_prices_fewer_scanned_bytes_and_the_rerank():
 
 
 def test_hybridgen_bf16dot_scan_prices_the_rerank_at_the_assumed_scan_rate():
-    """scan='bf16dot' (the default) on bf16 keys: the same key bytes at the exact scan's rate
-    (flagged as not measured), plus the exact rows of ceil(scan_oversample * k) candidates and
-    BF16DOT_HOST_OPS; on fp32 keys it is the exact scan, priced as such."""
+    """scan='bf16dot' (the default) on bf16 keys, on a profile that did not measure its rate:
+    the same key bytes at the exact scan's rate (flagged as not measured), plus the exact rows of
+    ceil(scan_oversample * k) candidates and BF16DOT_HOST_OPS; on fp32 keys it is the exact
+    scan, priced as such."""
     import dataclasses
 
     from hybridgen.hybrid import HybridGen
@@ -173,7 +174,8 @@ def test_hybridgen_bf16dot_scan_prices_the_rerank_at_the_assumed_scan_rate():
     from hybridgen.perf.profiles import load_profile
     from hybridgen.shapes import Workload
 
-    hw = load_profile("h200-host")
+    hw = load_profile("h200-host")  # which measured the scan's rate: here as if it had not
+    hw = dataclasses.replace(hw, host=dataclasses.replace(hw.host, key_scan_bf16dot_gbps=None))
     work = Workload(batch=8, context=32768, dtype="bf16")
     dot = HybridGen(topk_ratio=0.05)
     assert dot.scan == "bf16dot"
@@ -208,3 +210,41 @@ def test_selection_is_priced_as_the_code_does_it():
     for lay in (torch_sel, missing):
         assert not lay.breakdown["fused_select"] and lay.breakdown["group_score_s"] > 0
     assert torch_sel.breakdown["topk_s"] == pytest.approx(missing.breakdown["topk_s"])
+
+
+def test_the_branch_is_priced_in_the_rounds_of_rows_its_threads_take():
+    """The fused bf16-dot branch hands whole (batch, KV head) rows to the threads: 64 rows on 15
+    threads take 5 rounds, not 4.27 (every stage x 75/64); the stagewise branch (exact scan, or too
+    few rows to keep the threads busy) splits its scan's tokens but the later stages' rows: 8 rows
+    on 16 threads run those stages at half the threads (x 2)."""
+    from hybridgen.hybrid.cost import row_rounds
+
+    assert row_rounds(64, 16, fused=True) == (1.0, 1.0)
+    assert row_rounds(64, 15, fused=True) == (pytest.approx(75 / 64), 1.0)
+    assert row_rounds(8, 16, fused=True) == (1.0, 2.0)    # fused_branch_pays(8, 16) is False: stagewise
+    assert row_rounds(64, 15, fused=False) == (1.0, 1.0)
+    assert row_rounds(64, None, fused=True) == (1.0, 1.0) and row_rounds(64, 1, fused=True) == (1.0, 1.0)
+    w8 = pm.Workload(batch=8, context=32768, dtype="bf16")
+    on16, on15 = ctx(w=w8, cores=16), ctx(w=w8, cores=15)
+    args = dict(gpu_budget=0.1, topk_ratio=0.05, pipelined=False, mapping="dram", scan="bf16dot")
+    a, b = hybridgen_cost(on16, **args).breakdown, hybridgen_cost(on15, **args).breakdown
+    for stage in ("scan_s", "topk_s", "rerank_s", "gather_s"):
+        assert b[stage] == pytest.approx(a[stage] * 75 / 64)
+    assert (a["row_rounds_factor"], b["row_rounds_factor"]) == (1.0, pytest.approx(75 / 64))
+    w1 = pm.Workload(batch=1, context=32768, dtype="bf16")  # 8 rows on 16 threads: stagewise
+    one = hybridgen_cost(ctx(w=w1, cores=16), **args).breakdown
+    even = hybridgen_cost(ctx(w=w1, cores=8), **args).breakdown
+    assert one["scan_s"] == pytest.approx(even["scan_s"]) and one["gather_s"] == pytest.approx(2 * even["gather_s"])
+
+
+def test_the_rerank_is_priced_at_the_selection_that_runs_it():
+    """The candidates' re-rank runs the C selection (host.select_gbps), not torch's top-k: its
+    price moves with select_gbps and not with topk_gbps; the plain-torch step (fused_select
+    False) the other way round."""
+    args = dict(gpu_budget=0.1, topk_ratio=0.05, pipelined=False, mapping="dram", scan="bf16dot")
+    base = hybridgen_cost(ctx(), **args).breakdown["rerank_s"]
+    assert hybridgen_cost(ctx(topk_gbps=1000.0), **args).breakdown["rerank_s"] == pytest.approx(base)
+    assert hybridgen_cost(ctx(select_gbps=1000.0), **args).breakdown["rerank_s"] < base
+    torch_args = dict(args, fused_select=False)
+    slow = hybridgen_cost(ctx(), **torch_args).breakdown["rerank_s"]
+    assert hybridgen_cost(ctx(topk_gbps=1000.0), **torch_args).breakdown["rerank_s"] < slow

@@ -136,10 +136,13 @@ def test_hybridgen_overlap_is_a_max_of_branches():
     """Pipelined: the CPU branch (a layer ahead) overlaps the GPU's layer; the exact-logit
     recompute and the work after the wait (one softmax, weighted sum) are serial."""
     w = pm.Workload(context=32768)
-    slow_cpu = _with_host("h200-host", key_scan_gbps={"bf16": 5.0})  # hybridgen's host keys are pageable
+    # hybridgen's host keys are pageable; its default scan is the bf16-dot one (its own rate)
+    slow_cpu = _with_host("h200-host", key_scan_gbps={"bf16": 5.0}, key_scan_bf16dot_gbps=5.0)
     fast = dict(topk_gbps=5000.0, group_score_gbps=5000.0, select_gbps=5000.0, op_us=0.0)
-    fast_cpu = _with_host("h200-host", key_scan_gbps={"bf16": 5000.0}, dram_read_gbps=5000.0, **fast)
-    faster_cpu = _with_host("h200-host", key_scan_gbps={"bf16": 50000.0}, dram_read_gbps=50000.0, **fast)
+    fast_cpu = _with_host("h200-host", key_scan_gbps={"bf16": 5000.0}, key_scan_bf16dot_gbps=5000.0,
+                          dram_read_gbps=5000.0, gather_gbps=5000.0, **fast)
+    faster_cpu = _with_host("h200-host", key_scan_gbps={"bf16": 50000.0}, key_scan_bf16dot_gbps=50000.0,
+                            dram_read_gbps=50000.0, gather_gbps=50000.0, **fast)
     L = LLAMA8B.num_layers
     for prof in (slow_cpu, fast_cpu):
         p = pm.predict_step(hybridgen(), LLAMA8B, w, prof)

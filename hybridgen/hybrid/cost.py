@@ -120,15 +120,18 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
         scanned = c.B * (S_h - tail) * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
         scan_rate, rate_measured = c.sketch_rate(key_sketch)
         exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, c.scan_rate(pinned=False), key_tier)
-        rerank = _rerank_time(c, min(S_h, math.ceil(oversample * k)), Hsel, key_tier)
+        rerank = _rerank_time(c, min(S_h, math.ceil(oversample * k)), Hsel, key_tier, per_head, fused_select)
         host_ops += SKETCH_HOST_OPS
     else:
         scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
         exact_tail = 0.0
         if scan == "bf16dot" and c.w.dtype_key == "bf16":  # its own rate where the profile measured it
             scan_rate, rate_measured = c.bf16dot_scan_rate(pinned)
-            rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier)
+            rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier, per_head,
+                                  fused_select)
             host_ops += BF16DOT_HOST_OPS
+    # the code fuses the branch's stages per row for this scan alone (host_branch.host_branch)
+    fused_rows = scan == "bf16dot" and c.w.dtype_key == "bf16" and not key_sketch and not per_head
     scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
     if fused_select:
         group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)
@@ -136,6 +139,11 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
         group = 0.0 if per_head else c.group_score_time(c.B * c.Hq * S_h * 4)
         topk, fused = c.topk_time(c.B * Hsel * S_h * 4), False
     gather = c.gather_time(c.B * Hsel * k, row, value_tier)
+    # the branch's threads work in whole (batch, KV head) rows (fused) or split the rows of the
+    # stages after the scan (stagewise): the rounds of rows the threads take, not a perfect share
+    whole, per_row = row_rounds(c.B * Hsel, c.hw.host.cores, fused_rows)
+    scan, group, topk, rerank, gather = (scan * whole, group * whole * per_row, topk * whole * per_row,
+                                         rerank * whole * per_row, gather * whole * per_row)
     h2d_bytes = c.B * c.Hq * k * 4 + c.B * Hsel * k * row
     xfer = c.copy(h2d_bytes, pageable=not staging_pinned) if k else 0.0
     host_fixed = c.fixed(host_ops=host_ops) if S_h else 0.0
@@ -162,14 +170,43 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                                 "exact_logits_s": exact, "transfer_s": xfer, "gpu_pre_s": gpu_pre,
                                 "after_wait_s": after, "gpu_attn_s": gpu_pre + after, "rest_s": c.rest,
                                 "fixed_s": host_fixed + gpu_fixed, "scan_rate_gbps": scan_rate, "topk_tokens": k,
-                                "h2d_bytes": h2d_bytes, "scanned_key_bytes": scanned},
+                                "h2d_bytes": h2d_bytes, "scanned_key_bytes": scanned,
+                                "row_rounds_factor": whole * per_row},
                      label="hybridgen" + (f"-sketch-{key_sketch}" if key_sketch else ""))
 
 
-def _rerank_time(c: CostContext, kc: int, Hsel: int, key_tier: str) -> float:
+def _rerank_time(c: CostContext, kc: int, Hsel: int, key_tier: str, per_head: bool, fused_select: bool) -> float:
     """The exact re-rank after an approximate scan (a key sketch, the bf16-dot scan): the kc
-    candidates' key rows read from the key tier, their B*Hq*kc fp32 logits ranked."""
-    return c.gather_time(c.B * Hsel * kc, c.D * c.b, key_tier) + c.topk_time(c.B * c.Hq * kc * 4) if kc else 0.0
+    candidates' key rows read from the key tier, their B*Hq*kc fp32 logits ranked by the
+    selection that runs them (fused_select: the C selection, ``CostContext.select_time``; else
+    torch's top-k)."""
+    if not kc:
+        return 0.0
+    logits = c.B * c.Hq * kc * 4
+    if fused_select:
+        group, topk, _ = c.select_time(logits, c.B * Hsel * kc * 4, per_head)
+        ranked = group + topk
+    else:
+        ranked = c.topk_time(logits)
+    return c.gather_time(c.B * Hsel * kc, c.D * c.b, key_tier) + ranked
+
+
+def row_rounds(rows: int, threads: Optional[int], fused: bool) -> Tuple[float, float]:
+    """(factor on every stage of the fused branch, factor on the stagewise branch's stages after
+    its scan) for ``rows`` (batch, KV head) rows on ``threads`` (the profile's host cores; None:
+    1.0, 1.0). The fused branch (where the code runs it: ``fused`` and
+    :func:`~hybridgen.attention.cpu_select.fused_branch_pays`) hands whole rows to the threads,
+    so it takes ceil(rows / threads) row-times, not rows / threads: 64 rows on 16 threads 1.0, on
+    15 threads 5 / 4.27 = 1.17. Otherwise the scan splits every row's tokens over all threads
+    and the selection, re-rank and gather split over the rows: threads / min(rows, threads) (8
+    rows on 16 threads: 2.0)."""
+    from hybridgen.attention.cpu_select import fused_branch_pays
+
+    if not threads or threads <= 1 or rows <= 0:
+        return 1.0, 1.0
+    if fused and fused_branch_pays(rows, threads):
+        return math.ceil(rows / threads) / (rows / threads), 1.0
+    return 1.0, threads / min(rows, threads)
 
 
 def _full_path(c: CostContext, label: str) -> LayerCost:
