@@ -50,7 +50,8 @@ def validation_rows(csv_path: Path, cfg: Optional[BenchConfig] = None, gpu: str 
     cfg = cfg or BenchConfig()
     runs = layer_runs(csv_path)
     kept = [r for r in runs if r["method"] == "full" or r["host_share"] >= MIN_HOST_SHARE]
-    left_out = [f"{r['method']} @ {r['context']} / {int(round(r['host_share'] * 100))}%: nothing on the host"
+    left_out = [f"{r['method']} @ {r['context']} / {int(round(r['host_share'] * 100))}%: "
+                + ("nothing on the host" if r["host_share"] == 0 else f"under {MIN_HOST_SHARE:.0%} of the KV on the host")
                 for r in runs if r not in kept]
     priced, _ = projection_rows(cfg, kept)
     rows = []
