@@ -37,6 +37,10 @@ sys.path.insert(0, str(ROOT))
 from hybridgen import perf as pm  # noqa: E402
 from hybridgen.methods import KVMethod, available_methods, build_method, method_parameters  # noqa: E402
 from hybridgen.validation.cli import parse_checked  # noqa: E402
+from hybridgen_harness import projected_summary  # noqa: E402
+from hybridgen_harness.result_tables import splice  # noqa: E402
+
+DEFAULT_OUT = ROOT / "results" / "projected"
 
 LAYER = pm.ModelShape(name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                       head_dim=128, intermediate_size=14336, vocab_size=128256)
@@ -178,7 +182,10 @@ def profile_section(prof: pm.HardwareProfile, lrows: List[Dict], erows: List[Dic
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default="a100-80gb-cxl,h100-80gb-cxl,rtx5090-cxl,h200-host")
-    ap.add_argument("--out", default=str(ROOT / "results" / "projected"))
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--readme", default=None,
+                    help="also write the per-profile summary between the markers of this README (default: the "
+                         "repository's README.md when --out is the repository's results/projected)")
     args = parse_checked(ap, argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -202,6 +209,12 @@ def main(argv=None) -> int:
               f"(scan at 80%: {target['hg_scan80_vs_stream']:.2f}x / {target['hg_scan80_vs_cpu']:.2f}x)")
     (out / "projected.md").write_text("\n".join(sections))
     print(f"[projected] wrote {out}/projected.md and per-profile CSV/MD files (all PROJECTED)")
+    readme = Path(args.readme) if args.readme else (ROOT / "README.md" if out.resolve() == DEFAULT_OUT.resolve()
+                                                      else None)
+    if readme is not None:
+        block = projected_summary.readme_block(out, args.profiles.split(","))
+        readme.write_text(splice(readme.read_text(), block, projected_summary.BEGIN, projected_summary.END))
+        print(f"[projected] summary spliced into {readme}")
     return 0
 
 
