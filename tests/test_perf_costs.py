@@ -122,7 +122,8 @@ def test_a_measured_row_gather_rate_slows_the_gathers():
     base = hg(ctx(), pipelined=True)
     slow = hg(ctx(gather_gbps=0.5), pipelined=True)
     assert slow.breakdown["gather_s"] > base.breakdown["gather_s"]
-    assert slow.breakdown["exact_logits_s"] > base.breakdown["exact_logits_s"]
+    assert slow.breakdown["kept_keys_s"] > base.breakdown["kept_keys_s"]  # the kept key rows: a gather too
+    assert slow.breakdown["exact_logits_s"] == pytest.approx(base.breakdown["exact_logits_s"])  # a dense pass
     assert slow.attn > base.attn
 
 

@@ -82,8 +82,9 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     logits and V rows shipped to the GPU, ONE softmax with the GPU share after the wait; with
     nothing on the host (S_h == 0), ``full``'s cost (the code runs ``full``'s attention).
 
-    pipelined: the CPU branch runs a layer ahead (stand-in queries) and the selected rows'
-    logits are recomputed exactly after the wait; pinned: host keys page-locked (None:
+    pipelined: the CPU branch runs a layer ahead (stand-in queries), keeps the selected rows'
+    keys (a gather, ``kept_keys_s``, in the branch) and their logits are recomputed exactly
+    after the wait (a dense pass over those rows, ``exact_logits_s``); pinned: host keys page-locked (None:
     whenever a real GPU, as kv/tiers.py does); staging_pinned: the shipped rows leave from a
     pinned staging buffer (False: a pageable copy); serial: the CPU branch starts only when
     the GPU logits are done (a blocking q.to('cpu')); host_ops / gpu_kernels: the fixed ops
@@ -147,8 +148,12 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     h2d_bytes = c.B * c.Hq * k * 4 + c.B * Hsel * k * row
     xfer = c.copy(h2d_bytes, pageable=not staging_pinned) if k else 0.0
     host_fixed = c.fixed(host_ops=host_ops) if S_h else 0.0
-    cpu = scan + group + topk + rerank + gather + host_fixed + xfer if S_h else 0.0
-    exact = c.gather_time(c.B * Hsel * k, row, key_tier) + c.fixed(host_ops=1) if pipelined and k else 0.0
+    # pipelined: the branch keeps the k selected key rows (a gather, before the wait); at the layer
+    # the true query's logits over them are one dense pass (rows_logits, after the wait; method._finish)
+    keep = c.gather_time(c.B * Hsel * k, row, key_tier) if pipelined and k else 0.0
+    cpu = scan + group + topk + rerank + gather + keep + host_fixed + xfer if S_h else 0.0
+    exact = (c.stream_time(c.B * Hsel * k * row, c.scan_rate(pinned=False), "dram") + c.fixed(host_ops=1)
+             if pipelined and k else 0.0)
     if fused_share:  # the share's [lse, out]: one softmax entry per query head after the wait
         gpu_pre = c.gpu_attn(S_g, c.partial_fused) + c.fixed(gpu_kernels=SHARE_PRE_KERNELS - 1) if S_g else 0.0
         entries, rows = k + 1, k * Hsel / c.Hkv + c.Hq / c.Hkv
@@ -166,7 +171,8 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     return LayerCost(attn=attn, layer=layer, cpu=cpu + exact, gpu=c.rest + gpu_pre + after, transfer=xfer,
                      gpu_tokens=S_g, staging_tokens=2 * k * (Hsel / c.Hkv),
                      breakdown={"scan_s": scan, "group_score_s": group, "topk_s": topk, "rerank_s": rerank,
-                                "gather_s": gather, "scan_rate_measured": rate_measured, "fused_select": fused,
+                                "gather_s": gather, "kept_keys_s": keep, "scan_rate_measured": rate_measured,
+                                "fused_select": fused,
                                 "exact_logits_s": exact, "transfer_s": xfer, "gpu_pre_s": gpu_pre,
                                 "after_wait_s": after, "gpu_attn_s": gpu_pre + after, "rest_s": c.rest,
                                 "fixed_s": host_fixed + gpu_fixed, "scan_rate_gbps": scan_rate, "topk_tokens": k,
@@ -212,7 +218,8 @@ def row_rounds(rows: int, threads: Optional[int], fused: bool) -> Tuple[float, f
 def _full_path(c: CostContext, label: str) -> LayerCost:
     """HybridGen with nothing on the host: ``full``'s cost, with HybridGen's breakdown keys at 0."""
     cost = full_cost(c)
-    bd = {key: 0.0 for key in ("scan_s", "group_score_s", "topk_s", "rerank_s", "gather_s", "exact_logits_s",
+    bd = {key: 0.0 for key in ("scan_s", "group_score_s", "topk_s", "rerank_s", "gather_s", "kept_keys_s",
+                               "exact_logits_s",
                                "transfer_s", "gpu_pre_s", "after_wait_s", "topk_tokens", "h2d_bytes",
                                "scanned_key_bytes")}
     bd.update(cost.breakdown, full_path=True)
