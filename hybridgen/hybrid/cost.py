@@ -84,8 +84,8 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
 
     pipelined: the CPU branch runs a layer ahead (stand-in queries), keeps the selected rows'
     keys (a gather, ``kept_keys_s``, in the branch) and their logits are recomputed exactly
-    after the wait (a dense pass over those rows, ``exact_logits_s``); pinned: host keys page-locked (None:
-    whenever a real GPU, as kv/tiers.py does); staging_pinned: the shipped rows leave from a
+    after the wait (a dense pass over those rows, ``exact_logits_s``); pinned: host keys
+    page-locked (None: whenever a real GPU, as kv/tiers.py does); staging_pinned: the shipped rows leave from a
     pinned staging buffer (False: a pageable copy); serial: the CPU branch starts only when
     the GPU logits are done (a blocking q.to('cpu')); host_ops / gpu_kernels: the fixed ops
     of the CPU branch / of the GPU work after the wait; key_sketch ('int8' / 'int4'): the scan
