@@ -181,7 +181,7 @@ def profile_section(prof: pm.HardwareProfile, lrows: List[Dict], erows: List[Dic
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("--profiles", default="a100-80gb-cxl,h100-80gb-cxl,rtx5090-cxl,h200-host")
+    ap.add_argument("--profiles", default=",".join(projected_summary.PROFILES))
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--readme", default=None,
                     help="also write the per-profile summary between the markers of this README (default: the "

@@ -48,7 +48,6 @@ from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 from hybridgen_harness import regime as rg  # noqa: E402
 
 EXP = "paper_speedup"
-PAPER_BAND = rg.PAPER_BAND  # the paper's claimed speedups (one place: hybridgen_harness.regime)
 HYBRIDGEN_PRESETS = ("hybridgen", "hybridgen-b20")
 GPUS = [("a100", "A100 80GB"), ("h100", "H100 80GB"), ("rtx5090", "RTX 5090 32GB"), ("h200", "H200 141GB")]
 CPU_COLUMN = ("cpu-emulated", "this CPU (emulated)")
@@ -366,7 +365,7 @@ def main(argv=None) -> None:
     write_json(out / "provenance.json", {
         "command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "code": code_version(), "run_codes": [json.loads(c) for c in codes], "runs": len(pts), "cases": cases,
-        "validation": validation["files"] if validation else None, "paper_band": PAPER_BAND,
+        "validation": validation["files"] if validation else None, "paper_band": rg.PAPER_BAND,
         "rows": {b: LABELS.get(b, b) for b in sorted({r["baseline"] for r in rows})}})
     print(f"{len(rows)} cells -> {out / 'table.md'}, {out / 'table.csv'}, {out / 'speedup.png'}")
 

@@ -22,10 +22,11 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from experiments.paper_speedup import (CPU_COLUMN, EXP, GPUS, LABELS, PAPER_BAND,  # noqa: E402
-                                       _case_order, _case_title, speedup_band)
+from experiments.paper_speedup import (CPU_COLUMN, EXP, GPUS, LABELS, _case_order,  # noqa: E402
+                                       _case_title, speedup_band)
 from hybridgen.errors import ConfigError, cli_errors  # noqa: E402
 from hybridgen_harness.figures import marks  # noqa: E402
+from hybridgen_harness.regime import PAPER_BAND  # noqa: E402
 
 GPU_COLORS = {"a100": "tab:blue", "h100": "tab:orange", "rtx5090": "tab:green", "h200": "tab:red",
               "cpu-emulated": "#b35806"}

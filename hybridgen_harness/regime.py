@@ -119,10 +119,9 @@ def outcome_of(speedup: Optional[float], low: Optional[float], high: Optional[fl
         return "untested"
     if low is None:  # the model's error on a side is unknown: a point estimate is no verdict
         return NOT_VALIDATED
-    lo, hi = low, high
-    if lo >= PAPER_BAND[0]:
+    if low >= PAPER_BAND[0]:
         return "reproduced"
-    if hi < PAPER_BAND[0]:
+    if high < PAPER_BAND[0]:
         return "refuted"
     return "inconclusive"
 

@@ -9,7 +9,7 @@ sys.path.insert(0, str(ROOT))
 
 from hybridgen_harness import projected_summary as ps  # noqa: E402
 
-PROFILES = ["a100-80gb-cxl", "h100-80gb-cxl", "rtx5090-cxl", "h200-host"]
+PROFILES = ps.PROFILES
 
 
 def _row(method, step, fits="True", bound="GPU", status="ok"):
