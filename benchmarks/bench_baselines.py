@@ -87,9 +87,13 @@ METHODS.update({
     "hybridgen-no-pipeline": ("hybridgen", {"pipeline": False}),
     "hybridgen-sketch-int8": ("hybridgen", {"key_sketch": "int8"}),
     "hybridgen-sketch-int4": ("hybridgen", {"key_sketch": "int4"}),
-    "hybridgen-scan-exact": ("hybridgen", {"scan": "exact"}),  # the fp32 scan (default: bf16dot on bf16 keys)
+    "hybridgen-no-sketch": ("hybridgen", {"key_sketch": "none"}),  # the bf16-dot scan of the keys themselves
+    "hybridgen-b20-no-sketch": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1, "three_way": False,
+                                              "key_sketch": "none"}),
+    # the fp32 scan of the keys (default: the int4 sketch, the keys past its blocks bf16-dot scanned)
+    "hybridgen-scan-exact": ("hybridgen", {"scan": "exact", "key_sketch": "none"}),
     "hybridgen-b20-scan-exact": ("hybridgen", {"gpu_budget": 0.1, "topk_ratio": 0.1, "three_way": False,
-                                               "scan": "exact"}),
+                                               "scan": "exact", "key_sketch": "none"}),
 })
 
 

@@ -25,15 +25,17 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
   an AVX-512 (VNNI) CPU also at the AVX2 level (rows ``... avx2``), side by side;
 - the whole CPU branch (:func:`hybridgen.hybrid.host_branch.host_branch`: scan, selection, exact
   recompute (and re-rank of ``--oversample`` x k candidates) after a sketch scan, V-row
-  gather) per scan kind, as GB/s of *bf16 key bytes* (the branch's work, whatever it reads)
-  and its split by stage;
+  gather) per scan kind (``branch exact``: the exact scan; ``branch int8`` / ``int4``: the
+  sketch, the keys past its whole blocks at HybridGen's bf16 precision), as GB/s of *bf16 key
+  bytes* (the branch's work, whatever it reads) and its split by stage;
 - ``default branch``: the whole CPU branch of ``hybridgen`` at its DEFAULT configuration
-  (:func:`default_branch`: its ``scan`` for bf16 keys, ``scan_oversample``, kernels, group
-  score, shared selection; the top-k at ``--topk-ratio``, the scheduler's start ratio by
-  default; the true query's branch, which keeps no key rows): GB/s of key bytes
+  (:func:`default_branch`: its ``key_sketch`` and ``sketch_oversample``, its ``scan`` for bf16
+  keys, kernels, group score, shared selection; the top-k at ``--topk-ratio``, the scheduler's
+  start ratio by default; the true query's branch, which keeps no key rows): GB/s of key bytes
   (``default_branch_gbps``, stages in ``branch_stages_ms``) against ``read`` of the same run;
-  beside it the same branch pipelined over batch slices (or serial) and ``default branch
-  stagewise`` (``fused=False``: each stage over every row, then the next);
+  beside it ``default branch stagewise`` (``fused=False``: each stage over every row, then the
+  next) and, with a sketch, ``default branch, no sketch`` (``key_sketch='none'``: the bf16-dot
+  scan of the keys themselves, ``scan_oversample``);
 - recall of the exact top-k by each sketch's selection, by ``select_bf16dot`` and by the default
   branch (``default_recall``: real-like keys) (random keys, and "real-like" keys:
   a few large channels and a set of tokens aligned with the query, as in LLM caches).
@@ -52,7 +54,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hybridgen import runtime  # noqa: E402
@@ -144,18 +146,29 @@ def recall_bf16dot(q: torch.Tensor, keys: torch.Tensor, k: int, oversample: floa
     return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
 
 
-def default_branch(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k: int, m: HybridGen = DEFAULT, **kw):
+def default_branch(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k: int, m: HybridGen = DEFAULT,
+                   sketch: Optional[KeySketch] = None, **kw):
     """The CPU branch of ``hybridgen`` at its defaults (:data:`DEFAULT`, or ``m``) over bf16 keys
-    [B, Hkv, T, D]: what ``HybridGen._cpu_task`` runs for a layer scanned with the true query (no key sketch)."""
+    [B, Hkv, T, D]: what ``HybridGen._cpu_task`` runs for a layer scanned with the true query;
+    ``sketch``: the synced key sketch of these keys its ``key_sketch`` scans (None when it is 'none')."""
+    if (sketch is None) != (m.key_sketch == "none"):
+        raise ValueError(f"key_sketch={m.key_sketch!r} needs {'no' if m.key_sketch == 'none' else 'a'} synced sketch")
     return pipelined_host_branch(q, keys, vals, keys.shape[-1] ** -0.5, k, m.per_head, m.branch_pieces,
                                  backend=m.scan_backend, topk_backend=m.topk_backend, group_score=m.group_score,
-                                 precision=scan_precision(m.scan, keys.dtype), oversample=m.scan_oversample, **kw)
+                                 precision=scan_precision(m.scan, keys.dtype), sketch=sketch,
+                                 oversample=m.scan_oversample if sketch is None else m.sketch_oversample, **kw)
 
 
-def recall_default(q: torch.Tensor, keys: torch.Tensor, k: int) -> float:
+def recall_default(q: torch.Tensor, keys: torch.Tensor, k: int, store: TieredStore) -> float:
     """Share of the exact scan's top-k (shared selection, max group score) that :func:`default_branch` keeps."""
     ex = host_branch(q, keys, keys, keys.shape[-1] ** -0.5, k, per_head=False, backend="auto").idx
-    got = default_branch(q, keys, keys, k).idx
+    sk = None
+    if DEFAULT.key_sketch != "none":
+        sk = KeySketch(store["dram"], DEFAULT.key_sketch, *keys.shape[:2], keys.shape[-1], keys.shape[2], "bench/default")
+        sk.sync(keys)
+    got = default_branch(q, keys, keys, k, sketch=sk).idx
+    if sk is not None:
+        sk.release()
     return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
 
 
@@ -189,21 +202,26 @@ def run(args, threads: int, data: dict) -> dict:
                                                                         out=out, pool=pool))(kind)
     branch_fns = {"branch exact": lambda i: host_branch(q, keys[i], vals, scale, k_sel, False, backend="native",
                                                         pool=pool, v_out=v_out)}
+    precision = scan_precision(DEFAULT.scan, torch.bfloat16)  # the tail past a sketch's blocks, as HybridGen's
     for kind in args.sketches:
         branch_fns[f"branch {kind}"] = (lambda kd: lambda i: host_branch(
             q, keys[i], vals, scale, k_sel, False, sketch=sketches[kd][i], pool=pool, v_out=v_out,
-            oversample=args.oversample))(kind)
-    branch_fns["default branch"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool, v_out=v_out)
-    # the same branch the other way, side by side: pipelined over the batch rows, or serial
-    other = dataclasses.replace(DEFAULT, branch_pieces=1 if DEFAULT.branch_pieces > 1 else B)
-    other_name = "default branch serial" if DEFAULT.branch_pieces > 1 else f"default branch pipelined x{B}"
-    branch_fns[other_name] = lambda i: default_branch(q, keys[i], vals, k_sel, other, pool=pool, v_out=v_out)
-    # and its stages one after another over every row (before the per-row fusion of csrc/branch.c)
+            oversample=args.oversample, precision=precision))(kind)
+    own = (lambda i: sketches[DEFAULT.key_sketch][i]) if DEFAULT.key_sketch != "none" else (lambda i: None)
+    branch_fns["default branch"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool, v_out=v_out,
+                                                            sketch=own(i))
+    # beside it: the same branch with its stages one after another over every row (before the
+    # per-row fusion of csrc/branch.c), and the branch that scans the bf16 keys (no sketch)
     branch_fns["default branch stagewise"] = lambda i: default_branch(q, keys[i], vals, k_sel, pool=pool,
-                                                                      v_out=v_out, fused=False)
+                                                                      v_out=v_out, fused=False, sketch=own(i))
+    if DEFAULT.key_sketch != "none":
+        plain = dataclasses.replace(DEFAULT, key_sketch="none")
+        branch_fns["default branch, no sketch"] = lambda i: default_branch(q, keys[i], vals, k_sel, plain,
+                                                                           pool=pool, v_out=v_out)
     if not fused_branch_pays(B * H, pool.threads_for(B * H * G * T * D)):  # the default chose stagewise here
         branch_fns["default branch fused anyway"] = lambda i: fused_host_branch(
-            q, keys[i], vals, scale, k_sel, DEFAULT.group_score, DEFAULT.scan_oversample, v_out, pool)
+            q, keys[i], vals, scale, k_sel, DEFAULT.group_score, DEFAULT.sketch_oversample, v_out, pool,
+            sketch=own(i))
     fns.update(branch_fns)
     load0 = os.getloadavg()
     secs = rounds(fns, args.reps, args.copies)
@@ -243,7 +261,8 @@ def run(args, threads: int, data: dict) -> dict:
         "sketch_kind": best_sketch, "bf16_limit_tokens_per_s": limit, "topk": k_sel,
         "default_branch_gbps": rows["default branch"]["gbps"],
         "default_branch_gbps_spread": [rows["default branch"]["gbps_min"], rows["default branch"]["gbps_max"]],
-        "default_config": {"scan": DEFAULT.scan, "precision": scan_precision(DEFAULT.scan, torch.bfloat16),
+        "default_config": {"key_sketch": DEFAULT.key_sketch, "sketch_oversample": DEFAULT.sketch_oversample,
+                           "scan": DEFAULT.scan, "precision": scan_precision(DEFAULT.scan, torch.bfloat16),
                            "scan_oversample": DEFAULT.scan_oversample, "scan_backend": DEFAULT.scan_backend,
                            "topk_backend": DEFAULT.topk_backend, "group_score": DEFAULT.group_score,
                            "per_head": DEFAULT.per_head, "branch_pieces": DEFAULT.branch_pieces,
@@ -293,8 +312,10 @@ def print_run(res: dict, read: float, limit: float) -> None:
           f"[{res['branch_config']}], sketch/bf16-limit "
           f"{rt['sketch_over_bf16_limit'] if rt['sketch_over_bf16_limit'] is not None else float('nan'):.2f} "
           f"(>= 1.5: {'met' if met['sketch_over_bf16_limit'] else 'NOT met'}) [{res['sketch_kind']}]")
-    print(f"default branch ({res['default_config']['precision']}, oversample "
-          f"{res['default_config']['scan_oversample']:g}): {res['default_branch_gbps']:.2f} GB/s = "
+    dc = res["default_config"]
+    scanned = dc["precision"] if dc["key_sketch"] == "none" else f"{dc['key_sketch']} sketch, {dc['precision']} tail"
+    over = dc["scan_oversample"] if dc["key_sketch"] == "none" else dc["sketch_oversample"]
+    print(f"default branch ({scanned}, oversample {over:g}): {res['default_branch_gbps']:.2f} GB/s = "
           f"{rt['default_branch_over_read']:.2f} x read {read:.2f} (>= 0.8: "
           f"{'met' if met['default_branch_over_read'] else 'NOT met'})")
     bd = res["bf16dot"]
@@ -327,6 +348,8 @@ def main(argv=None) -> int:
     if args.reps is None:  # --quick's 5 rounds never override an explicit --reps
         args.reps = 5 if args.quick else 7
     args.sketches = [s for s in args.sketches.split(",") if s]
+    if DEFAULT.key_sketch != "none" and DEFAULT.key_sketch not in args.sketches:
+        args.sketches.append(DEFAULT.key_sketch)  # the default branch scans it
     n_all = runtime.scan_threads()
     threads = sorted({int(t) for t in args.threads.split(",")}) if args.threads else sorted({1, n_all})
     t_start = time.perf_counter()
@@ -373,8 +396,8 @@ def main(argv=None) -> int:
     for o in sorted({1.0, args.bf16dot_oversample}):
         rec[f"bf16dot@{o:g}_random"] = recall_bf16dot(q, keys[0][:, :, :rec_T].contiguous(), rk, o)
         rec[f"bf16dot@{o:g}_real_like"] = recall_bf16dot(q, rl, rk, o)
-    rec["default_random"] = recall_default(q, keys[0][:, :, :rec_T].contiguous(), rk)
-    rec["default_real_like"] = recall_default(q, rl, rk)
+    rec["default_random"] = recall_default(q, keys[0][:, :, :rec_T].contiguous(), rk, store)
+    rec["default_real_like"] = recall_default(q, rl, rk, store)
     print(f"\nrecall of the exact top-{rk} of {rec_T} tokens by each selection (kind@oversample): "
           + ", ".join(f"{k} {v:.3f}" for k, v in rec.items()))
     top = runs[str(max(threads))]

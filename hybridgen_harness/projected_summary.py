@@ -22,7 +22,7 @@ DEFAULT = "hybridgen-three-way"
 PROFILES = ("a100-80gb-cxl", "h100-80gb-cxl", "rtx5090-cxl", "h200-host")
 #: HybridGen's rows and how the README names them, in order
 HYBRIDGEN_ROWS = {"hybridgen-three-way": "three-way (the default)", "hybridgen": "the plain split",
-                  "hybridgen-sketch": "the plain split with the int4 key sketch"}
+                  "hybridgen-no-sketch": "the plain split without the key sketch"}
 
 
 def read_e2e(path: Path) -> List[Dict[str, str]]:

@@ -38,22 +38,43 @@ def test_imports_no_harness_package():
 
 @pytest.mark.parametrize("name,reg", [("hybrid-exact", "hybrid-exact"), ("hybridgen", "hybridgen"),
                                       ("flexgen-stream", "flexgen"), ("flexgen-cpu", "flexgen"),
-                                      ("hybridgen-sketch", "hybridgen"), ("hybridgen-plain", "hybridgen")])
+                                      ("hybridgen-no-sketch", "hybridgen"), ("hybridgen-plain", "hybridgen")])
 def test_methods_get_gpu_budget_one_minus_host_share(name, reg):
     m = make_method(name, 0.9, 0.05)
     assert m.name == reg and m.gpu_budget == Budget(ratio=0.1)
     if reg == "flexgen":
         assert m.attention_on == ("gpu" if name == "flexgen-stream" else "cpu")
     if reg == "hybridgen":
-        assert m.topk_ratio == 0.05 and m.key_sketch == ("int4" if name == "hybridgen-sketch" else "none")
+        assert m.topk_ratio == 0.05 and m.key_sketch == ("none" if name == "hybridgen-no-sketch" else "int4")
         assert m.three_way == (name != "hybridgen-plain") and m.stream_ratio is None  # the scheduler balances it
     assert make_method("hybridgen", 0.9, None, {"min_stand_in_cos": -1.0}).min_stand_in_cos == -1.0
+
+
+def test_the_record_of_what_ran_reprices_a_run_as_it_ran():
+    """environment.json's bench_methods: every method's parameters; re-pricing a row with it
+    builds that method, and a CSV without the record is priced as the benchmark ran before it
+    (hybridgen without the sketch), not as the defaults are now."""
+    from benchmarks.gpu.config import METHODS, method_record
+    from benchmarks.gpu.projection import projection_rows
+    from benchmarks.gpu.validation_rows import RAN_BEFORE_THE_RECORD
+
+    rec = method_record()
+    assert set(rec) == set(METHODS) and rec["hybridgen"]["params"]["key_sketch"] == "int4"
+    assert rec["hybridgen-no-sketch"]["params"]["key_sketch"] == "none" and rec["full"] == {"method": "full",
+                                                                                          "params": {}}
+    row = [{"method": "hybridgen", "context": 32768, "host_share": 0.9, "ms": 5.0, "status": "ok"}]
+    ms = lambda name, ran: projection_rows(BenchConfig(), [{**row[0], "method": name}], ran)[0][0]["projected_ms"]  # noqa: E731
+    assert ms("hybridgen", rec) == ms("hybridgen", None) != ms("hybridgen", RAN_BEFORE_THE_RECORD)
+    assert ms("hybridgen", RAN_BEFORE_THE_RECORD) == ms("hybridgen-no-sketch", None)
+    # a name the benchmark no longer has is priced as it ran
+    assert ms("hybridgen-sketch", RAN_BEFORE_THE_RECORD) not in (ms("hybridgen", RAN_BEFORE_THE_RECORD),
+                                                                 ms("hybridgen", rec))
 
 
 def test_grid_runs_the_target_first_and_full_once_per_context():
     cfg = BenchConfig.smoke()
     order = grid(cfg)
-    assert order[:7] == [(512, 0.9, m) for m in ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch",
+    assert order[:7] == [(512, 0.9, m) for m in ("full", "hybrid-exact", "hybridgen", "hybridgen-no-sketch",
                                                   "hybridgen-plain", "flexgen-stream", "flexgen-cpu")]
     assert sorted(c for c, _, m in order if m == "full") == [256, 512]
     assert len(order) == len(set(order)) == 2 + 2 * 2 * 6 + 2 * 2  # + hybridgen, hybrid-exact at share 0

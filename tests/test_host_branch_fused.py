@@ -1,7 +1,8 @@
 """HybridGen's default CPU branch fused per (batch, KV head) row (``csrc/branch.c``, issue 22 items
 2-3): it selects exactly what the stagewise branch (each stage over every row, then the next)
 selects, with the same exact logits and V rows, bit for bit, on random shapes, GQA ratios, odd
-lengths, strided segment views and over-selection factors; its logits are the float64
+lengths, strided segment views and over-selection factors, with the bf16-dot scan or a key
+sketch's (its tail, the keys it does not hold, bf16-dot scanned); its logits are the float64
 reference's at the selected tokens; where it does not fit, the stagewise branch runs."""
 import pytest
 import torch
@@ -10,6 +11,8 @@ from hybridgen.attention import native
 from hybridgen.attention.cpu_pool import CPUAttentionPool
 from hybridgen.attention.cpu_scan import exact_logits_at, scan_logits_stats, select
 from hybridgen.attention.cpu_select import fused_branch_fits, fused_branch_pays, rerank_exact
+from hybridgen.attention.key_sketch import SKETCH_BLOCK, KeySketch
+from hybridgen.kv import TieredStore
 from hybridgen.hybrid import host_branch as host_branch_module
 from hybridgen.hybrid.host_branch import host_branch
 from tests._scan_cases import host_segment, ref_logits
@@ -28,8 +31,8 @@ CASES = [(2, 2, 4, 128, 1001, 37, 2), (1, 3, 1, 64, 513, 20, 2), (3, 2, 2, 32, 7
 def fused_calls(monkeypatch):
     """Counts the fused kernel's calls from host_branch (so a dispatch that never fires fails)."""
     calls = []
-    real = host_branch_module.fused_branch_bf16dot
-    monkeypatch.setattr(host_branch_module, "fused_branch_bf16dot", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = host_branch_module.fused_branch
+    monkeypatch.setattr(host_branch_module, "fused_branch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     return calls
 
 
@@ -59,6 +62,42 @@ def test_fused_branch_equals_the_stagewise_branch(B, Hkv, G, D, T, k, qs, oversa
     at = ref.gather(3, fused.idx[:, :, None, :].expand(B, Hkv, G, kk).contiguous()).view(B, Hkv * G, kk)
     torch.testing.assert_close(fused.logits.double(), at, rtol=1e-5, atol=1e-5)
     assert (fused.idx.sort(dim=-1).values == fused.idx).all()  # ascending token order, as the stagewise one
+
+
+@fits_here
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("B,Hkv,G,D,T,offset,held,k", [
+    (2, 2, 4, 128, 1001, 0, 896, 40),      # the sketch's whole blocks, a bf16-dot tail of 105
+    (1, 3, 3, 64, 1300, 200, 1280, 60),    # keys from token 200 of the segment, tail of 220
+    (2, 1, 8, 128, 640, 0, 640, 32),       # the sketch holds every key: no tail
+    (2, 2, 1, 32, 400, 384, 384, 9),       # the sketch holds none of these keys: all tail
+    (3, 2, 5, 96, 2100, 129, 1920, 100)])  # an offset inside a sketch block
+@pytest.mark.parametrize("oversample", [1.0, 1.5])
+def test_fused_sketch_branch_equals_the_stagewise_one(kind, B, Hkv, G, D, T, offset, held, k, oversample,
+                                                      fused_calls):
+    seg = host_segment(B, Hkv, offset + T, D, torch.bfloat16, seed=T + G)
+    q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(D + k)) * 3
+    sk = KeySketch(TieredStore()["dram"], kind, B, Hkv, D, offset + T, "test/sketch")
+    sk.sync(seg.k[:, :, :held])
+    assert sk.length == held // SKETCH_BLOCK * SKETCH_BLOCK == held
+    keys, vals = seg.k[:, :, offset:], seg.v[:, :, offset:]
+    kw = dict(precision="bf16dot", oversample=oversample, keep_keys=True, pool=POOL, sketch=sk,
+              sketch_offset=offset)
+    stagewise = host_branch(q, keys, vals, D ** -0.5, k, False, fused=False, **kw)
+    assert not fused_calls
+    fused = host_branch(q, keys, vals, D ** -0.5, k, False, **kw)
+    assert fused_calls == [1]
+    assert torch.equal(fused.idx, stagewise.idx)
+    assert torch.equal(fused.logits, stagewise.logits)
+    assert torch.equal(fused.v_rows, stagewise.v_rows) and torch.equal(fused.k_rows, stagewise.k_rows)
+    ref = ref_logits(q, keys, D ** -0.5).view(B, Hkv, G, T)
+    at = ref.gather(3, fused.idx[:, :, None, :].expand(B, Hkv, G, k).contiguous()).view(B, Hkv * G, k)
+    torch.testing.assert_close(fused.logits.double(), at, rtol=1e-5, atol=1e-5)
+    if oversample == 1.0 and held > offset:
+        # the sketch's own top k differs from the bf16-dot scan's here: a fused branch that
+        # ignored the sketch would fail the equality above
+        plain = host_branch(q, keys, vals, D ** -0.5, k, False, precision="bf16dot", oversample=1.0, pool=POOL)
+        assert not torch.equal(plain.idx, fused.idx)
 
 
 @fits_here

@@ -91,7 +91,7 @@ def test_placement_takes_the_largest_share_that_fits(tiny):
 
 def test_footprint_counts_the_spare_slot_the_split_and_the_stream():
     shape = KVShape(2, 2, 8, 2, 1, 100, 10)
-    base = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, three_way=False)
+    base = HybridGen(gpu_budget=Budget(tokens=20), sinks=4, three_way=False, key_sketch="none")
     assert base.footprint(shape).gpu_tokens == window_capacity(20, 4, False) == 21
     assert base.footprint(shape).gpu_bytes == shape.kv_bytes(21)
     split = dataclasses.replace(base, adapt_split=True)

@@ -138,9 +138,10 @@ def test_hybridgen_key_sketch_prices_fewer_scanned_bytes_and_the_rerank():
     from hybridgen.perf.profiles import load_profile
     from hybridgen.shapes import Workload
 
-    hw = load_profile("h200-host")
+    hw = load_profile("h200-host")  # which measured the sketch's rate: here as if it had not
+    hw = dataclasses.replace(hw, host=dataclasses.replace(hw.host, key_sketch_gbps={}))
     work = Workload(batch=8, context=32768, dtype="bf16")
-    base = HybridGen(topk_ratio=0.05, scan="exact")  # against the exact key scan
+    base = HybridGen(topk_ratio=0.05, scan="exact", key_sketch="none")  # against the exact key scan
     exact = predict_step(base, "llama-3.1-8b", work, hw).breakdown
     sk = predict_step(dataclasses.replace(base, key_sketch="int4"), "llama-3.1-8b", work, hw).breakdown
     ratio = sketch_bytes_per_token("int4", 128) / (128 * 2)
@@ -178,7 +179,7 @@ def test_hybridgen_bf16dot_scan_prices_the_rerank_at_the_assumed_scan_rate():
     hw = load_profile("h200-host")  # which measured the scan's rate: here as if it had not
     hw = dataclasses.replace(hw, host=dataclasses.replace(hw.host, key_scan_bf16dot_gbps=None))
     work = Workload(batch=8, context=32768, dtype="bf16")
-    dot = HybridGen(topk_ratio=0.05)
+    dot = HybridGen(topk_ratio=0.05, key_sketch="none")
     assert dot.scan == "bf16dot"
     exact = predict_step(dataclasses.replace(dot, scan="exact"), "llama-3.1-8b", work, hw).breakdown
     got = predict_step(dot, "llama-3.1-8b", work, hw).breakdown

@@ -45,7 +45,8 @@ def test_validation_rows_on_a_tiny_shape(tmp_path, capsys):
         "streamingllm-offload-stream"}
     # bf16 KV: the default bf16-dot (fused) branch, timed only there, beside full and the exact scan
     bf16 = {r["name"] for r in rows if r["dtype"] == "bf16"}
-    assert bf16 == {f"{m} bf16 B=1 Hq=8 Hkv=2 D=64 T=1024" for m in ("full", "hybridgen", "hybridgen-scan-exact")}
+    assert bf16 == {f"{m} bf16 B=1 Hq=8 Hkv=2 D=64 T=1024" for m in ("full", "hybridgen", "hybridgen-sketch-int4",
+                                                                     "hybridgen-scan-exact")}
     for r in rows:
         assert {"name", "source", "predicted_s", "measured_s", "error_pct"} <= set(r)
         assert r["predicted_s"] > 0 and r["measured_s"] > 0

@@ -11,12 +11,13 @@ import torch
 
 from hybridgen.methods import KVMethod, build_method, method_parameters
 
-METHODS = ("full", "hybrid-exact", "hybridgen", "hybridgen-sketch", "hybridgen-plain", "flexgen-stream",
+METHODS = ("full", "hybrid-exact", "hybridgen", "hybridgen-no-sketch", "hybridgen-plain", "flexgen-stream",
            "flexgen-cpu")
 # run at the configured top-k (and, end to end, with cfg.e2e_hybridgen): HybridGen (by default the
-# oldest host slice streamed over PCIe, the scheduler balancing it: issue 22, item 4) and its plain
-# split (nothing streamed)
-AT_TOPK = ("hybridgen", "hybridgen-plain")
+# oldest host slice streamed over PCIe, the scheduler balancing it: issue 22, item 4; the int4 key
+# sketch scanned), the same without the sketch (its bf16 keys bf16-dot scanned) and its plain split
+# (nothing streamed)
+AT_TOPK = ("hybridgen", "hybridgen-no-sketch", "hybridgen-plain")
 HOST_METHODS = METHODS[1:]
 # run with nothing on the host (host share 0, gpu_budget=1.0) at every context beside ``full``: the
 # split methods must then cost what ``full`` costs (issue 22: HybridGen runs full's code path)
@@ -142,18 +143,32 @@ def method_params(name: str, share: float, topk_ratio: Optional[float]) -> Tuple
         return "full", {}
     if name == "hybrid-exact":
         return "hybrid-exact", {"gpu_budget": gpu_budget}
-    if name in ("hybridgen", "hybridgen-sketch", "hybridgen-plain"):  # -sketch: the int4 key sketch
+    if name in ("hybridgen", "hybridgen-no-sketch", "hybridgen-plain"):
         params: Dict[str, Any] = {"gpu_budget": gpu_budget}
         if topk_ratio is not None:
             params["topk_ratio"] = topk_ratio
-        if name == "hybridgen-sketch":
-            params["key_sketch"] = "int4"
+        if name == "hybridgen-no-sketch":  # the bf16-dot scan of the keys themselves
+            params["key_sketch"] = "none"
         if name == "hybridgen-plain":
             params["three_way"] = False
         return "hybridgen", params
     if name in ("flexgen-stream", "flexgen-cpu"):
         return "flexgen", {"gpu_budget": gpu_budget, "attention_on": "gpu" if name == "flexgen-stream" else "cpu"}
     raise ValueError(name)
+
+
+def method_record(names=METHODS) -> Dict[str, Dict[str, Any]]:
+    """What each benchmark method ran, beside its results (``environment.json``'s ``bench_methods``):
+    its registry name and every parameter of a plain value (numbers, strings, booleans, None)
+    but the budget and top-k, which each row states, so the runs are re-priced as they ran
+    whatever the defaults become (:mod:`benchmarks.gpu.validation_rows`)."""
+    out = {}
+    for name in names:
+        m = make_method(name, 0.5)
+        params = {p: getattr(m, p) for p in method_parameters(m.name) if p not in ("gpu_budget", "topk_ratio")}
+        out[name] = {"method": m.name, "params": {k: v for k, v in params.items()
+                                                   if isinstance(v, (bool, int, float, str, type(None)))}}
+    return out
 
 
 def make_method(name: str, share: float, topk_ratio: Optional[float] = None,

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from benchmarks.gpu.config import METHODS, BenchConfig, Clock, error_row, free
+from benchmarks.gpu.config import METHODS, BenchConfig, Clock, error_row, free, method_record
 from benchmarks.gpu.e2e import run_e2e
 from benchmarks.gpu.kernels import run_kernels
 from benchmarks.gpu.layer import LayerGrid, grid
@@ -125,7 +125,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     proj_md = ""
     if "projection" in sections:
         try:
-            prow, proj_md = projection_rows(cfg, [r for r in rows if r["section"] == "layer"])
+            prow, proj_md = projection_rows(cfg, [r for r in rows if r["section"] == "layer"], method_record())
             rows.extend(prow)
         except Exception as err:  # noqa: BLE001
             proj_md = f"(projection failed: {type(err).__name__}: {err})"

@@ -7,13 +7,20 @@ Each measured per-layer row is priced with the same method instance the layer se
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from benchmarks.gpu.config import AT_TOPK, BenchConfig, make_method
+from hybridgen.methods import build_method, method_parameters
 
 
-def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
-    """(rows, markdown table) of projected vs measured ms per (method, context, host share)."""
+def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]],
+                    ran: Optional[Dict[str, Dict[str, Any]]] = None) -> Tuple[List[Dict[str, Any]], str]:
+    """(rows, markdown table) of projected vs measured ms per (method, context, host share).
+
+    ran: what each benchmark method ran ({name: {"method", "params"}}, as
+    :func:`~benchmarks.gpu.config.method_record` records it); a method named there is priced
+    with those parameters (the row's budget and top-k as the benchmark sets them), any other
+    as the benchmark builds it now."""
     from hybridgen import perf as pm
 
     shape = pm.ModelShape(name="llama-3.1-8b-layer", num_layers=32, hidden_size=cfg.heads * cfg.head_dim,
@@ -24,7 +31,15 @@ def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]]) -> Tuple
         if r.get("status") != "ok":
             continue
         key = f"{r['method']} @ {r['context']} / {int(round(r['host_share'] * 100))}%"
-        method = make_method(r["method"], r["host_share"], cfg.topk_ratio if r["method"] in AT_TOPK else None)
+        topk = cfg.topk_ratio if r["method"] in AT_TOPK else None
+        if ran and r["method"] in ran:  # as it ran: its parameters, the row's budget and top-k
+            rec = ran[r["method"]]
+            known = method_parameters(rec["method"])
+            params = {**rec["params"], "gpu_budget": round(1.0 - r["host_share"], 6),
+                      **({"topk_ratio": topk} if topk is not None else {})}
+            method = build_method(rec["method"], **{k: v for k, v in params.items() if k in known})
+        else:
+            method = make_method(r["method"], r["host_share"], topk)
         if method.name == "hybridgen":
             method = dataclasses.replace(method, pipeline=False)
         try:

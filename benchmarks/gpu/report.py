@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from benchmarks.gpu.config import FITS_METHODS, METHODS, BenchConfig
+from benchmarks.gpu.config import FITS_METHODS, METHODS, BenchConfig, method_record
 
 Row = Dict[str, Any]
 
@@ -139,7 +139,8 @@ def write(out_dir: Path, cfg: BenchConfig, rows: List[Row], env: Dict[str, Any],
         wr = csv.DictWriter(fh, fieldnames=fields)
         wr.writeheader()
         wr.writerows(rows)
-    (out_dir / "environment.json").write_text(json.dumps(full_environment(), indent=2, default=str) + "\n")
+    record = {**full_environment(), "bench_methods": method_record()}  # what each method ran
+    (out_dir / "environment.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     title = "CPU SMOKE RUN (tiny shapes, no GPU: numbers say nothing about GPU speed)" if smoke else \
         f"GPU benchmark on {env.get('gpu', env['device'])}"
     shape = (f"layer: batch {cfg.batch}, {cfg.heads} q heads, {cfg.kv_heads} kv heads, head dim {cfg.head_dim}, "

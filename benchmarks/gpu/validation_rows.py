@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -29,9 +30,29 @@ from benchmarks.gpu.projection import projection_rows
 
 SOURCE = "gpu-run"
 MIN_HOST_SHARE = 0.5
-#: the benchmark's non-default configurations (the int4 key sketch; the fixed-top-k "plain" split):
-#: their rows check their own configuration, not the default one the paper comparison prices
-VARIANTS = ("hybridgen-sketch", "hybridgen-plain")
+#: the benchmark's non-default configurations (the bf16-dot scan without the key sketch, and the
+#: int4 sketch when it was not the default; the fixed-top-k "plain" split): their rows check their
+#: own configuration, not the default one the paper comparison prices
+VARIANTS = ("hybridgen-no-sketch", "hybridgen-sketch", "hybridgen-plain")
+#: what the benchmark's HybridGen methods ran before ``environment.json`` recorded it
+#: (``bench_methods``, :func:`benchmarks.gpu.config.method_record`): until the int4 key sketch
+#: became HybridGen's default, ``hybridgen`` and ``hybridgen-plain`` scanned the bf16 keys (no
+#: sketch) and ``hybridgen-sketch`` was the int4 sketch with 1.25x candidates
+RAN_BEFORE_THE_RECORD = {"hybridgen": {"method": "hybridgen", "params": {"key_sketch": "none"}},
+                         "hybridgen-plain": {"method": "hybridgen", "params": {"key_sketch": "none", "three_way": False}},
+                         "hybridgen-sketch": {"method": "hybridgen",
+                                              "params": {"key_sketch": "int4", "sketch_oversample": 1.25}}}
+
+
+def what_ran(csv_path: Path) -> Dict[str, Dict[str, Any]]:
+    """What each method of a bench_gpu CSV ran: the ``bench_methods`` of the ``environment.json``
+    beside it, else :data:`RAN_BEFORE_THE_RECORD`."""
+    env = csv_path.parent / "environment.json"
+    if env.is_file():
+        rec = json.loads(env.read_text()).get("bench_methods")
+        if rec:
+            return rec
+    return RAN_BEFORE_THE_RECORD
 
 
 def layer_runs(csv_path: Path) -> List[Dict[str, Any]]:
@@ -53,7 +74,7 @@ def validation_rows(csv_path: Path, cfg: Optional[BenchConfig] = None, gpu: str 
     left_out = [f"{r['method']} @ {r['context']} / {int(round(r['host_share'] * 100))}%: "
                 + ("nothing on the host" if r["host_share"] == 0 else f"under {MIN_HOST_SHARE:.0%} of the KV on the host")
                 for r in runs if r not in kept]
-    priced, _ = projection_rows(cfg, kept)
+    priced, _ = projection_rows(cfg, kept, what_ran(csv_path))
     rows = []
     for p in priced:
         if p["status"] != "ok":

@@ -161,7 +161,7 @@ def select_bf16dot(q: Tensor, keys: Tensor, scale: float, k: int, per_head: bool
 
 def fused_branch_fits(q: Tensor, keys: Tensor, values: Tensor, k: int, per_head: bool, mask: Optional[Tensor],
                       backend: str = "auto", topk_backend: str = "auto") -> bool:
-    """True when :func:`fused_branch_bf16dot` runs this branch: the C kernels built, bf16 keys and
+    """True when :func:`fused_branch` runs this branch: the C kernels built, bf16 keys and
     values the C scan fits (one value row per key), shared selection, no mask, k > 0, the
     native scan and top-k."""
     from hybridgen.attention.cpu_scan import native_fits, resolve_backend
@@ -194,20 +194,24 @@ def fused_branch_pays(rows: int, threads: int) -> bool:
     return Fraction(rows, threads * rounds) >= FUSED_MIN_BUSY_SHARE
 
 
-def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, how: str = "max",
-                         oversample: float = DEFAULT_OVERSAMPLE, v_out: Optional[Tensor] = None,
-                         pool: Optional[CPUAttentionPool] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The bf16-dot selection (:func:`select_bf16dot`) and the V-row gather fused per (batch, KV
-    head) row (``csrc/branch.c``: a row's scan logits stay in this thread's cache for its
-    selection, its candidates' keys for their exact logits): the same idx, logits and V rows as
-    the stages run one after another over every row, bit for bit.
+def fused_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, how: str = "max",
+                 oversample: float = DEFAULT_OVERSAMPLE, v_out: Optional[Tensor] = None,
+                 pool: Optional[CPUAttentionPool] = None, sketch=None,
+                 sketch_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The approximate selection (a bf16-dot scan, or a key sketch's scan), its exact re-rank
+    and the V-row gather fused per (batch, KV head) row (``csrc/branch.c``: a row's scan logits
+    stay in this thread's cache for its selection, its candidates' keys for their exact logits):
+    the same idx, logits and V rows as the stages run one after another over every row
+    (:func:`select_bf16dot`, or ``host_branch`` with the sketch), bit for bit.
 
     q [B, Hq, D] or [B, Hq, 1, D]; keys / values [B, Hkv, T, D] bf16 (segment views, read in
     place); k tokens per (batch, KV head), shared selection by ``how``; v_out: optional
-    contiguous buffer of >= B*Hkv*k*D bf16 (e.g. the pinned staging buffer). Only where
-    :func:`fused_branch_fits`. Returns (idx [B, Hkv, k] int64, exact logits [B, Hq, k] float32,
-    V rows [B, Hkv, k, D], seconds [4]: scan, selection, exact logits + re-rank, gather, summed
-    over rows and divided by the threads that ran them).
+    contiguous buffer of >= B*Hkv*k*D bf16 (e.g. the pinned staging buffer); sketch: a synced
+    :class:`~hybridgen.attention.key_sketch.KeySketch` of the keys' segment, ``keys`` being its
+    tokens ``sketch_offset`` onwards (the keys past what it holds are bf16-dot scanned). Only
+    where :func:`fused_branch_fits`. Returns (idx [B, Hkv, k] int64, exact logits [B, Hq, k]
+    float32, V rows [B, Hkv, k, D], seconds [4]: scan, selection, exact logits + re-rank,
+    gather, summed over rows and divided by the threads that ran them).
     """
     from hybridgen.attention.cpu_scan import SELECT_HOW, TOKEN_BLOCK, rows_view
 
@@ -231,8 +235,19 @@ def fused_branch_bf16dot(q: Tensor, keys: Tensor, values: Tensor, scale: float, 
     # rows a few at a time, claimed by whichever thread is free: about 4 claims per thread, so a
     # slowed or late thread leaves its rows to the others (1 row per claim on a many-core host)
     grain = max(1, rows // (4 * pool.split_threads))
-    pool.run_split(native.lib().hg_branch_bf16dot, rows, qb.data_ptr(), qx.data_ptr(), kr.data_ptr(), vr.data_ptr(),
-                   kcap, vcap, float(scale), T, D, G, TOKEN_BLOCK, SELECT_HOW["raw" if G == 1 else how], k, kc,
+    if sketch is None:
+        codes = (0, 0, 0, 0, 0, 0, 0, 0)
+    else:
+        from hybridgen.attention.key_sketch import SKETCH_BLOCK
+
+        if sketch.codes.shape[:2] != keys.shape[:2] or sketch_offset < 0:
+            raise ValueError(f"the key sketch holds {tuple(sketch.codes.shape[:2])} rows, the keys "
+                             f"{tuple(keys.shape[:2])} (offset {sketch_offset})")
+        ts = max(0, min(T, sketch.length - sketch_offset))  # tokens the sketch holds
+        codes = (sketch.codes.data_ptr(), sketch.codes.shape[2], sketch.params.data_ptr(), sketch.params.shape[2],
+                 SKETCH_BLOCK, sketch.bits, sketch_offset, ts)
+    pool.run_split(native.lib().hg_branch, rows, qb.data_ptr(), qx.data_ptr(), kr.data_ptr(), vr.data_ptr(),
+                   kcap, vcap, *codes, float(scale), T, D, G, TOKEN_BLOCK, SELECT_HOW["raw" if G == 1 else how], k, kc,
                    idx.data_ptr(), sel.data_ptr(), dst.data_ptr(), seconds.data_ptr(), work=work, grain=grain)
     if torch.isnan(seconds).any():
         raise MemoryError("the fused CPU branch could not allocate its per-thread scratch")

@@ -17,7 +17,7 @@ bf16 products, fp32 accumulation; AVX-512 BF16 ``vdpbf16ps`` where the CPU has i
 exact scan's bodies on the rounded query, ``scan_bf16dot.c``), ``hg_sketch_quantize`` / ``hg_sketch_scan`` (the key
 sketch, ``sketch.c``), ``hg_select`` (group scoring + partial top-k + the selected logits),
 ``hg_rows_bf16`` (exact logits of selected rows read in place), ``hg_gather_rows`` (row
-gather) (``select.c``), ``hg_branch_bf16dot`` (HybridGen's default CPU branch, those stages
+gather) (``select.c``), ``hg_branch`` (HybridGen's default CPU branch, those stages
 fused per (batch, KV head) row, ``branch.c``).
 """
 from __future__ import annotations
@@ -57,7 +57,8 @@ _SIGNATURES = {
     "hg_select": ([_P, _I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I], ctypes.c_int),
     "hg_rows_bf16": ([_P, _P, _I, _P, _I, _P, _F, _I, _I, _I, _I], None),
     "hg_gather_rows": ([_P, _I, _P, _I, _I, _P, _I, _I, _I], None),
-    "hg_branch_bf16dot": ([_P, _P, _P, _P, _I, _I, _F, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I], ctypes.c_int),
+    "hg_branch": ([_P, _P, _P, _P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P,
+                   _I, _I], ctypes.c_int),
 }
 
 

@@ -92,8 +92,8 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     reads the sketch (:func:`~hybridgen.attention.key_sketch.sketch_bytes_per_token` per
     (sequence, KV head, token), at :meth:`~hybridgen.perf.context.CostContext.sketch_rate`) and
     the branch then reads ceil(oversample * k) exact key rows and re-ranks them (``rerank_s``);
-    the keys' last, partial block is scanned exactly (the sketch holds whole blocks), and the
-    branch pays SKETCH_HOST_OPS more host ops;
+    the keys' last, partial block is scanned at the keys' precision (the sketch holds whole
+    blocks), and the branch pays SKETCH_HOST_OPS more host ops;
     scan='bf16dot' (bf16 keys only, as :func:`~hybridgen.hybrid.host_branch.scan_precision`):
     the keys are scanned at host.key_scan_bf16dot_gbps where the profile measured it, else at
     the pageable key scan's rate (an assumption: ``scan_rate_measured`` False), and ceil(scan_oversample * k)
@@ -120,7 +120,9 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
         tail = min(S_h, SKETCH_BLOCK / 2)
         scanned = c.B * (S_h - tail) * c.Hkv * sketch_bytes_per_token(key_sketch, c.D)
         scan_rate, rate_measured = c.sketch_rate(key_sketch)
-        exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, c.scan_rate(pinned=False), key_tier)
+        tail_rate = (c.bf16dot_scan_rate(pinned=False)[0] if scan == "bf16dot" and c.w.dtype_key == "bf16"
+                     else c.scan_rate(pinned=False))  # the tail at the scan's precision (host_branch.sketch_scan)
+        exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, tail_rate, key_tier)
         rerank = _rerank_time(c, min(S_h, math.ceil(oversample * k)), Hsel, key_tier, per_head, fused_select)
         host_ops += SKETCH_HOST_OPS
     else:
@@ -131,8 +133,9 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
             rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier, per_head,
                                   fused_select)
             host_ops += BF16DOT_HOST_OPS
-    # the code fuses the branch's stages per row for this scan alone (host_branch.host_branch)
-    fused_rows = scan == "bf16dot" and c.w.dtype_key == "bf16" and not key_sketch and not per_head
+    # the code fuses the branch's stages per row where bf16 keys are bf16-dot scanned, alone or past
+    # a sketch's blocks (host_branch.host_branch)
+    fused_rows = scan == "bf16dot" and c.w.dtype_key == "bf16" and not per_head
     scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
     if fused_select:
         group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)

@@ -42,7 +42,7 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool, default_pool
 from hybridgen.attention.cpu_scan import (NEG_INF, exact_logits_at, gather_mask, gather_rows,
                                           scan_logits_stats, select)
 from hybridgen.attention.key_sketch import KeySketch
-from hybridgen.attention.cpu_select import fused_branch_bf16dot, fused_branch_fits, fused_branch_pays, rerank_exact
+from hybridgen.attention.cpu_select import fused_branch, fused_branch_fits, fused_branch_pays, rerank_exact
 
 
 @dataclass
@@ -100,8 +100,8 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     approximate scan (a sketch, or precision 'bf16dot') proposes ceil(oversample * k)
     candidates, re-ranked by their exact logits. precision: the scan of the keys, 'exact' or
     'bf16dot' (:func:`~hybridgen.attention.cpu_scan.scan_logits_stats`; with a sketch, of the
-    tail it does not hold). fused: run the 'bf16dot' branch's stages per (batch, KV head) row
-    (:func:`~hybridgen.attention.cpu_select.fused_branch_bf16dot`, the same result) where it
+    tail it does not hold). fused: run a 'bf16dot' branch's stages (with or without a sketch) per
+    (batch, KV head) row (:func:`~hybridgen.attention.cpu_select.fused_branch`, the same result) where it
     fits and keeps the pool's threads busy (``fused_branch_pays``: not 1 row on 2 threads);
     False runs each stage over every row before the next (to compare them).
     """
@@ -110,10 +110,11 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
     B, Hq = q.shape[0], q.shape[1]
     Hkv, T = keys.shape[1], keys.shape[2]
     k = max(0, min(k, T))
-    if (fused and sketch is None and precision == "bf16dot" and (v_out is None or v_out.is_contiguous())
+    if (fused and precision == "bf16dot" and (v_out is None or v_out.is_contiguous())
             and fused_branch_fits(q, keys, values, k, per_head, mask, backend, topk_backend)
             and fused_branch_pays(B * Hkv, (pool or default_pool()).threads_for(B * Hq * T * keys.shape[-1]))):
-        return fused_host_branch(q, keys, values, scale, k, group_score, oversample, v_out, pool, keep_keys)
+        return fused_host_branch(q, keys, values, scale, k, group_score, oversample, v_out, pool, keep_keys,
+                                 sketch, sketch_offset)
     buf = scratch_logits(B * Hq * T)
     t0 = time.perf_counter()
     if sketch is not None:
@@ -149,12 +150,14 @@ def host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, p
 
 def fused_host_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, group_score: str = "max",
                       oversample: float = 1.0, v_out: Optional[Tensor] = None,
-                      pool: Optional[CPUAttentionPool] = None, keep_keys: bool = False) -> HostSelection:
-    """The bf16-dot branch fused per (batch, KV head) row
-    (:func:`~hybridgen.attention.cpu_select.fused_branch_bf16dot`) as a :class:`HostSelection`,
+                      pool: Optional[CPUAttentionPool] = None, keep_keys: bool = False,
+                      sketch: Optional[KeySketch] = None, sketch_offset: int = 0) -> HostSelection:
+    """The bf16-dot or key-sketch branch fused per (batch, KV head) row
+    (:func:`~hybridgen.attention.cpu_select.fused_branch`) as a :class:`HostSelection`,
     whether or not it keeps the threads busy (:func:`host_branch` runs it where it fits and pays;
     a benchmark runs it anyway to compare). q [B, Hq, D]; keys / values [B, Hkv, T, D] bf16."""
-    idx, logits, v_rows, sec = fused_branch_bf16dot(q, keys, values, scale, k, group_score, oversample, v_out, pool)
+    idx, logits, v_rows, sec = fused_branch(q, keys, values, scale, k, group_score, oversample, v_out, pool,
+                                            sketch, sketch_offset)
     t0 = time.perf_counter()
     k_rows = gather_rows(keys, idx, pool=pool) if keep_keys else None
     scan_s, topk_s, recompute_s, gather_s = sec.tolist()

@@ -106,8 +106,8 @@ class HybridGen(KVMethod):
     scan: Literal["bf16dot", "exact"] = "bf16dot"
     scan_oversample: Annotated[float, Range(1.0, 16.0)] = 1.25
     branch_pieces: PositiveInt = 1
-    key_sketch: Literal["none", "int8", "int4"] = "none"
-    sketch_oversample: Annotated[float, Range(1.0, 16.0)] = 1.25
+    key_sketch: Literal["none", "int8", "int4"] = "int4"
+    sketch_oversample: Annotated[float, Range(1.0, 16.0)] = 1.5
     sched_interval: PositiveInt = 4
     sched_per_layer: bool = False
     adapt_window: bool = False

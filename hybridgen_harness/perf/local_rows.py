@@ -66,19 +66,21 @@ HYBRIDGEN = {"gpu_budget": GPU_BUDGET, "topk_ratio": TOPK, "pipeline": False, "t
 LIBRARY_METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("full", "full", {}),
     ("hybrid-exact", "hybrid-exact", {"gpu_budget": GPU_BUDGET}),
-    ("hybridgen", "hybridgen", HYBRIDGEN),
+    ("hybridgen", "hybridgen", {**HYBRIDGEN, "key_sketch": "none"}),
     ("hybridgen-sketch-int4", "hybridgen", {**HYBRIDGEN, "key_sketch": "int4"}),
     # the default's three-way split at a pinned share: the CPU branch over the rest, the streamed
     # slice copied and attended on the 'gpu' (here the host's own cores: a memcpy, branches added)
     ("hybridgen-three-way", "hybridgen", {**HYBRIDGEN, "three_way": True, "stream_ratio": 0.3}),
 )
-# bf16 KV: HybridGen's default selection scan, the bf16-dot branch fused per (batch, KV head) row
-# (csrc/branch.c), runs only on bf16 host keys (fp32 keys are scanned exactly), so these rows are
-# the ones that time it; ``full`` and the exact scan beside it on the same dtype
+# bf16 KV: HybridGen's branch fused per (batch, KV head) row (csrc/branch.c), the default's int4 key
+# sketch or the bf16-dot scan of the keys, runs only on bf16 host keys (fp32 keys past the sketch's
+# blocks are scanned exactly, stagewise), so these rows are the ones that time it; ``full`` and the
+# exact scan beside them on the same dtype
 BF16_METHODS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ("full", "full", {}),
-    ("hybridgen", "hybridgen", HYBRIDGEN),
-    ("hybridgen-scan-exact", "hybridgen", {**HYBRIDGEN, "scan": "exact"}),
+    ("hybridgen", "hybridgen", {**HYBRIDGEN, "key_sketch": "none"}),
+    ("hybridgen-sketch-int4", "hybridgen", {**HYBRIDGEN, "key_sketch": "int4"}),
+    ("hybridgen-scan-exact", "hybridgen", {**HYBRIDGEN, "key_sketch": "none", "scan": "exact"}),
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
