@@ -250,3 +250,28 @@ def test_the_rerank_is_priced_at_the_selection_that_runs_it():
     torch_args = dict(args, fused_select=False)
     slow = hybridgen_cost(ctx(), **torch_args).breakdown["rerank_s"]
     assert hybridgen_cost(ctx(topk_gbps=1000.0), **torch_args).breakdown["rerank_s"] < slow
+
+
+@pytest.mark.parametrize("batch,fused", [(8, True), (1, False)])
+def test_hybridgen_default_sketch_pays_the_host_ops_of_the_branch_that_runs(batch, fused):
+    """The default int4 sketch over bf16 keys: fused per row where the rows keep the host's
+    cores busy (batch 8: 64 rows on h200-host's 16 cores), then the bf16-dot branch's host ops
+    plus the sync's; otherwise (batch 1: 8 rows) the stagewise sketch branch's."""
+    import dataclasses
+
+    from hybridgen.hybrid import HybridGen
+    from hybridgen.hybrid.cost import BF16DOT_HOST_OPS, SKETCH_FUSED_HOST_OPS, SKETCH_HOST_OPS
+    from hybridgen.perf import predict_step
+    from hybridgen.perf.profiles import load_profile
+    from hybridgen.shapes import Workload
+
+    hw = load_profile("h200-host")
+    work = Workload(batch=batch, context=32768, dtype="bf16")
+    plain = HybridGen(topk_ratio=0.05, three_way=False, key_sketch="none")
+    assert HybridGen().key_sketch == "int4"
+    none = predict_step(plain, "llama-3.1-8b", work, hw).breakdown
+    sk = predict_step(dataclasses.replace(plain, key_sketch="int4"), "llama-3.1-8b", work, hw).breakdown
+    extra = SKETCH_FUSED_HOST_OPS if fused else SKETCH_HOST_OPS - BF16DOT_HOST_OPS
+    assert sk["fixed_s"] - none["fixed_s"] == pytest.approx(extra * hw.host.op_us * 1e-6)
+    assert (sk["row_rounds_factor"] == 1.0) is fused  # 64 rows on 16 cores: whole rounds
+    assert sk["scan_s"] < 0.6 * none["scan_s"]  # 72 of 256 bytes per key, at the measured sketch rate

@@ -63,6 +63,11 @@ HYBRIDGEN_GPU_KERNELS = 7
 # (the sync's front check, the exact tail's scan and its copy, the statistics' concatenation,
 # the re-rank's buffers, the candidates' gather) and the rest views or no-op conversions
 SKETCH_HOST_OPS = 10
+# fused per row (csrc/branch.c), the sketch's stages are the C kernel's: the branch pays the
+# bf16-dot branch's BF16DOT_HOST_OPS and the sync's front check (a clone and an equal: 13 more
+# torch calls per layer than the fused bf16-dot branch, 2 of them real; a TorchFunctionMode
+# around KeySketch.sync + host_branch, bf16 keys, no mask)
+SKETCH_FUSED_HOST_OPS = 2
 # scan='bf16dot' adds 33 torch calls per layer to the CPU branch (a TorchFunctionMode around
 # host_branch, bf16 keys, no mask: 87 calls against 54 with 'exact'), 5 of them real (the
 # query's bf16 rounding, its fp32 copy for the exact rows, two pool hand-offs: the exact rows'
@@ -112,6 +117,10 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     Hsel = c.Hq if per_head else c.Hkv
     row = c.D * c.b
     rerank = 0.0
+    # the code fuses the branch's stages per row where bf16 keys are bf16-dot scanned, alone or past
+    # a sketch's blocks, and the rows keep the threads busy (host_branch.host_branch)
+    fused_rows = (scan == "bf16dot" and c.w.dtype_key == "bf16" and not per_head
+                  and fused_runs(c.B * Hsel, c.hw.host.cores))
     if key_sketch:
         from hybridgen.attention.key_sketch import SKETCH_BLOCK, sketch_bytes_per_token
 
@@ -124,7 +133,7 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
                      else c.scan_rate(pinned=False))  # the tail at the scan's precision (host_branch.sketch_scan)
         exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, tail_rate, key_tier)
         rerank = _rerank_time(c, min(S_h, math.ceil(oversample * k)), Hsel, key_tier, per_head, fused_select)
-        host_ops += SKETCH_HOST_OPS
+        host_ops += BF16DOT_HOST_OPS + SKETCH_FUSED_HOST_OPS if fused_rows else SKETCH_HOST_OPS
     else:
         scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
         exact_tail = 0.0
@@ -133,9 +142,6 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
             rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier, per_head,
                                   fused_select)
             host_ops += BF16DOT_HOST_OPS
-    # the code fuses the branch's stages per row where bf16 keys are bf16-dot scanned, alone or past
-    # a sketch's blocks (host_branch.host_branch)
-    fused_rows = scan == "bf16dot" and c.w.dtype_key == "bf16" and not per_head
     scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
     if fused_select:
         group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)
@@ -209,13 +215,19 @@ def row_rounds(rows: int, threads: Optional[int], fused: bool) -> Tuple[float, f
     15 threads 5 / 4.27 = 1.17. Otherwise the scan splits every row's tokens over all threads
     and the selection, re-rank and gather split over the rows: threads / min(rows, threads) (8
     rows on 16 threads: 2.0)."""
-    from hybridgen.attention.cpu_select import fused_branch_pays
-
     if not threads or threads <= 1 or rows <= 0:
         return 1.0, 1.0
-    if fused and fused_branch_pays(rows, threads):
+    if fused and fused_runs(rows, threads):
         return math.ceil(rows / threads) / (rows / threads), 1.0
     return 1.0, threads / min(rows, threads)
+
+
+def fused_runs(rows: int, threads: Optional[int]) -> bool:
+    """Whether the code's fused branch runs for ``rows`` (batch, KV head) rows on ``threads``
+    (the profile's host cores; None: one thread): :func:`~hybridgen.attention.cpu_select.fused_branch_pays`."""
+    from hybridgen.attention.cpu_select import fused_branch_pays
+
+    return fused_branch_pays(rows, threads or 1)
 
 
 def _full_path(c: CostContext, label: str) -> LayerCost:
