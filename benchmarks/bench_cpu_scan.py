@@ -26,7 +26,9 @@ machine disturbs them alike; reported: the median over ``--reps`` rounds with it
 - the whole CPU branch (:func:`hybridgen.hybrid.host_branch.host_branch`: scan, selection, exact
   recompute (and re-rank of ``--oversample`` x k candidates) after a sketch scan, V-row
   gather) per scan kind (``branch exact``: the exact scan; ``branch int8`` / ``int4``: the
-  sketch, the keys past its whole blocks at HybridGen's bf16 precision), as GB/s of *bf16 key
+  sketch, the keys past its whole blocks at HybridGen's bf16 precision, fused per row since the
+  sketch became the default: earlier files' rows of those names are the stagewise branch with an
+  exact tail), as GB/s of *bf16 key
   bytes* (the branch's work, whatever it reads) and its split by stage;
 - ``default branch``: the whole CPU branch of ``hybridgen`` at its DEFAULT configuration
   (:func:`default_branch`: its ``key_sketch`` and ``sketch_oversample``, its ``scan`` for bf16
@@ -54,7 +56,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hybridgen import runtime  # noqa: E402
@@ -69,17 +71,16 @@ from hybridgen.attention.cpu_pool import CPUAttentionPool  # noqa: E402
 from hybridgen.attention.cpu_select import (DEFAULT_OVERSAMPLE, fused_branch_pays,  # noqa: E402
                                             select_bf16dot)
 from hybridgen.attention.key_sketch import KeySketch  # noqa: E402
-from hybridgen.hybrid.host_branch import (fused_host_branch, host_branch, pipelined_host_branch,  # noqa: E402
-                                          scan_precision, topk_count)
+from hybridgen.hybrid.host_branch import fused_host_branch, host_branch, scan_precision, topk_count  # noqa: E402
 from hybridgen.eval.environment import cpu_model  # noqa: E402
 from hybridgen.eval.provenance import code_version  # noqa: E402
 from hybridgen.hybrid import HybridGen  # noqa: E402
 from hybridgen.kv import TieredStore  # noqa: E402
 from hybridgen.validation.cli import exit_on_existing_output, parse_checked  # noqa: E402
+from benchmarks.cpu_branch_recall import DEFAULT, default_branch, real_like_keys, recall_table  # noqa: E402
 
 TARGETS = {"scan_over_read": 0.8, "branch_over_read": 0.6, "sketch_over_bf16_limit": 1.5,
            "default_branch_over_read": 0.8}
-DEFAULT = HybridGen()  # the default whose CPU branch ``default branch`` times, over the host keys given it
 
 
 def rounds(fns: Dict[str, Callable[[int], object]], reps: int, copies: int) -> Dict[str, List[float]]:
@@ -102,74 +103,11 @@ def summary(seconds: List[float], nbytes: float) -> Dict[str, float]:
             "gbps_max": nbytes / min(seconds) / 1e9}
 
 
-def real_like_keys(B: int, H: int, T: int, D: int, q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Keys with a few large channels and ~2% of tokens aligned with the group's mean query."""
-    ch = torch.ones(D)
-    ch[torch.randperm(D, generator=gen)[:4]] = 6.0
-    k = torch.randn(B, H, T, D, generator=gen) * ch
-    G = q.shape[1] // H
-    qm = q.view(B, H, G, D).mean(dim=2)
-    hit = torch.rand(B, H, T, generator=gen) < 0.02
-    k += hit[..., None] * (2.0 * qm[:, :, None, :] / qm.norm(dim=-1, keepdim=True)[..., None] * D ** 0.5 * 0.3)
-    return k
-
-
-def recall(q: torch.Tensor, keys: torch.Tensor, kind: str, k: int, store: TieredStore, oversample: float) -> float:
-    """Share of the exact top-k (shared selection, max group score) that the sketch's selection keeps."""
-    B, H, T, D = keys.shape
-    sk = KeySketch(store["dram"], kind, B, H, D, T, "bench/recall")
-    sk.sync(keys)
-    scale = D ** -0.5
-    ex = host_branch(q, keys, keys, scale, k, per_head=False, backend="auto")
-    sel = host_branch(q, keys, keys, scale, k, per_head=False, sketch=sk, oversample=oversample)
-    sk.release()
-    hits = 0
-    for b in range(B):
-        for h in range(H):
-            a = set(ex.idx[b, h].tolist())
-            hits += len(a & set(sel.idx[b, h].tolist()))
-    return hits / (B * H * k)
-
-
 def exact_select(q: torch.Tensor, keys: torch.Tensor, scale: float, k: int, out: torch.Tensor,
                  pool: CPUAttentionPool):
     """The exact scan + the selection (shared, max group score): what ``bf16dot select`` replaces."""
     logits, _, stats = cs.scan_logits_stats(q, keys, scale, None, "native", out=out, pool=pool)
     return cs.select(logits, keys.shape[1], k, False, "max", pool=pool, stats=stats)
-
-
-def recall_bf16dot(q: torch.Tensor, keys: torch.Tensor, k: int, oversample: float) -> float:
-    """Share of the exact top-k (shared selection, max group score) that :func:`select_bf16dot` keeps."""
-    scale = keys.shape[-1] ** -0.5
-    ex = host_branch(q, keys, keys, scale, k, per_head=False, backend="auto").idx
-    got = select_bf16dot(q, keys, scale, k, oversample=oversample)[0]
-    return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
-
-
-def default_branch(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, k: int, m: HybridGen = DEFAULT,
-                   sketch: Optional[KeySketch] = None, **kw):
-    """The CPU branch of ``hybridgen`` at its defaults (:data:`DEFAULT`, or ``m``) over bf16 keys
-    [B, Hkv, T, D]: what ``HybridGen._cpu_task`` runs for a layer scanned with the true query;
-    ``sketch``: the synced key sketch of these keys its ``key_sketch`` scans (None when it is 'none')."""
-    if (sketch is None) != (m.key_sketch == "none"):
-        raise ValueError(f"key_sketch={m.key_sketch!r} needs {'no' if m.key_sketch == 'none' else 'a'} synced sketch")
-    return pipelined_host_branch(q, keys, vals, keys.shape[-1] ** -0.5, k, m.per_head, m.branch_pieces,
-                                 backend=m.scan_backend, topk_backend=m.topk_backend, group_score=m.group_score,
-                                 precision=scan_precision(m.scan, keys.dtype), sketch=sketch,
-                                 oversample=m.scan_oversample if sketch is None else m.sketch_oversample, **kw)
-
-
-def recall_default(q: torch.Tensor, keys: torch.Tensor, k: int, store: TieredStore) -> float:
-    """Share of the exact scan's top-k (shared selection, max group score) that :func:`default_branch` keeps."""
-    ex = host_branch(q, keys, keys, keys.shape[-1] ** -0.5, k, per_head=False, backend="auto").idx
-    sk = None
-    if DEFAULT.key_sketch != "none":
-        sk = KeySketch(store["dram"], DEFAULT.key_sketch, *keys.shape[:2], keys.shape[-1], keys.shape[2], "bench/default")
-        sk.sync(keys)
-    got = default_branch(q, keys, keys, k, sketch=sk).idx
-    if sk is not None:
-        sk.release()
-    return (ex.unsqueeze(-1) == got.unsqueeze(-2)).any(-1).float().mean().item()
 
 
 def run(args, threads: int, data: dict) -> dict:
@@ -220,7 +158,8 @@ def run(args, threads: int, data: dict) -> dict:
                                                                            pool=pool, v_out=v_out)
     if not fused_branch_pays(B * H, pool.threads_for(B * H * G * T * D)):  # the default chose stagewise here
         branch_fns["default branch fused anyway"] = lambda i: fused_host_branch(
-            q, keys[i], vals, scale, k_sel, DEFAULT.group_score, DEFAULT.sketch_oversample, v_out, pool,
+            q, keys[i], vals, scale, k_sel, DEFAULT.group_score,
+            DEFAULT.scan_oversample if DEFAULT.key_sketch == "none" else DEFAULT.sketch_oversample, v_out, pool,
             sketch=own(i))
     fns.update(branch_fns)
     load0 = os.getloadavg()
@@ -386,18 +325,9 @@ def main(argv=None) -> int:
         print_run(res, res["read_gbps"], res["bf16_limit_tokens_per_s"])
     k_sel = topk_count(args.topk_ratio, T)
     rec_T = min(T, 8192)
-    rec = {}
     rk = topk_count(args.topk_ratio, rec_T)
-    rl = real_like_keys(B, H, rec_T, D, q, gen).to(torch.bfloat16)
-    for kind in args.sketches:
-        for o in sorted({1.0, args.oversample}):
-            rec[f"{kind}@{o:g}_random"] = recall(q, keys[0][:, :, :rec_T].contiguous(), kind, rk, store, o)
-            rec[f"{kind}@{o:g}_real_like"] = recall(q, rl, kind, rk, store, o)
-    for o in sorted({1.0, args.bf16dot_oversample}):
-        rec[f"bf16dot@{o:g}_random"] = recall_bf16dot(q, keys[0][:, :, :rec_T].contiguous(), rk, o)
-        rec[f"bf16dot@{o:g}_real_like"] = recall_bf16dot(q, rl, rk, o)
-    rec["default_random"] = recall_default(q, keys[0][:, :, :rec_T].contiguous(), rk, store)
-    rec["default_real_like"] = recall_default(q, rl, rk, store)
+    rec = recall_table(q, keys[0][:, :, :rec_T].contiguous(), real_like_keys(B, H, rec_T, D, q, gen).to(torch.bfloat16),
+                       rk, store, args.sketches, args.oversample, args.bf16dot_oversample)
     print(f"\nrecall of the exact top-{rk} of {rec_T} tokens by each selection (kind@oversample): "
           + ", ".join(f"{k} {v:.3f}" for k, v in rec.items()))
     top = runs[str(max(threads))]

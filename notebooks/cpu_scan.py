@@ -8,10 +8,11 @@
 
 # %% [markdown]
 # # HybridGen's CPU branch against the host's read bandwidth
-# From `results/cpu_scan/quick.json` (`python benchmarks/bench_cpu_scan.py --quick --json ...`):
-# one Llama-3.1-8B layer, batch 8, 32K host tokens, cold data. Left: GB/s of bf16 key bytes
-# of the plain read, the exact scan and the whole branch (exact scan or int4 sketch), per
-# thread count, with the issue's targets as fractions of read. Right: the key sketches'
+# From `results/cpu_scan/sketch_default_quick.json` (`python benchmarks/bench_cpu_scan.py --quick
+# --json ...`): one Llama-3.1-8B layer, batch 8, 32K host tokens, cold data. Left: GB/s of bf16
+# key bytes of the plain read, the exact scan and the whole branch (HybridGen's default, over the
+# int4 key sketch; the same without it, bf16-dot scanning the keys), per thread count, with the
+# issues' targets as fractions of read. Right: the key sketches'
 # tokens/s against the bf16 limit (the tokens/s a bf16 scan would reach at 100% of read).
 
 # %%
@@ -22,7 +23,7 @@ import matplotlib.pyplot as plt
 
 from hybridgen_harness import plotdata
 
-path = plotdata.results_dir() / "cpu_scan" / "quick.json"
+path = plotdata.results_dir() / "cpu_scan" / "sketch_default_quick.json"
 data = plotdata.load_json(path) if path.exists() else None
 if data is None:
     print(f"no {path}; run: python benchmarks/bench_cpu_scan.py --quick --json {path}  (figure skipped)")
@@ -32,8 +33,8 @@ if data is not None:
     runs = data["by_threads"]
     threads = sorted(runs, key=int)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    bars = [("read", "read"), ("scan native bf16", "exact scan"), ("branch exact", "branch, exact scan"),
-            ("branch int4", "branch, int4 sketch")]
+    bars = [("read", "read"), ("scan native bf16", "exact scan"), ("default branch, no sketch", "branch, no sketch"),
+            ("default branch", "default branch (int4 sketch)")]
     width = 0.8 / len(bars)
     for i, (row, label) in enumerate(bars):
         xs = [t + (i - len(bars) / 2 + 0.5) * width for t in range(len(threads))]

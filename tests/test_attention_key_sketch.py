@@ -359,3 +359,16 @@ def test_a_decode_step_quantizes_nothing_until_its_block_fills(monkeypatch):
         ref = host_branch(q, seg.k, seg.v, 0.2, 40, False)
         assert torch.equal(sel.idx.sort(-1).values, ref.idx.sort(-1).values)
     assert calls == [(SKETCH_BLOCK, 2 * SKETCH_BLOCK)]  # once, when the second block filled
+
+
+def test_the_default_sketch_refuses_a_head_dim_it_cannot_hold_when_bound_naming_the_fix():
+    """HybridGen's default int4 sketch needs a head dim that is a multiple of 8: binding it to
+    keys of head dim 12 is a one-line ConfigError naming key_sketch='none' before any KV
+    exists; with the sketch off the same context binds."""
+    from hybridgen.hybrid import HybridGen
+    from tests._baselines_cases import make_ctx
+
+    ctx = make_ctx(1, 4, 2, 12, 40, 2)
+    with pytest.raises(ConfigError, match="key_sketch='none'"):
+        HybridGen(gpu_budget=0.5).bind(ctx)
+    HybridGen(gpu_budget=0.5, key_sketch="none").bind(ctx)

@@ -43,7 +43,7 @@ def test_figures_refuses_a_missing_results_dir_and_draws_from_one(tmp_path, caps
     assert cli.main(["figures", "--results-dir", str(tmp_path / "none")]) == 2
     assert "is not a directory" in capsys.readouterr().err
     (tmp_path / "cpu_scan").mkdir()
-    shutil.copy(ROOT / "results" / "cpu_scan" / "quick.json", tmp_path / "cpu_scan" / "quick.json")
+    shutil.copy(ROOT / "results" / "cpu_scan" / "sketch_default_quick.json", tmp_path / "cpu_scan")
     assert cli.main(["figures", "--results-dir", str(tmp_path), "--only", "cpu_scan"]) == 0
     assert (tmp_path / "figures" / "cpu_scan.png").stat().st_size > 5000
     assert f"figures from {tmp_path.resolve()}" in capsys.readouterr().out

@@ -39,22 +39,29 @@ def _predicted_s(name, context, share, cfg):
 def test_runs_are_re_priced_labelled_by_their_cost_and_the_empty_host_left_out(tmp_path):
     path = _csv(tmp_path, ["layer,flexgen-stream,ok,32768,0.9,20.0", "layer,hybridgen,ok,32768,0.9,14.7",
                            "layer,hybridgen,ok,32768,0.0,0.3", "layer,hybridgen-sketch,ok,32768,0.9,30.0",
+                           "layer,hybridgen-no-sketch,ok,32768,0.9,15.0",
                            "layer,full,ok,8192,0.5,0.142", "layer,flexgen-cpu,failed,8192,0.5,1.0",
                            "projection,hybridgen @ 32768 / 90%,ok,,,14.7"])
     cfg = BenchConfig()
     out = vr.validation_rows(path, cfg, gpu="H200")
     by = {r["name"]: r for r in out["rows"]}
     assert sorted(by) == ["H200 run: flexgen-stream @ 32768 / 90%", "H200 run: full @ 8192 / 50%",
-                          "H200 run: hybridgen @ 32768 / 90%", "H200 run: hybridgen-sketch @ 32768 / 90%"]
+                          "H200 run: hybridgen @ 32768 / 90%", "H200 run: hybridgen-no-sketch @ 32768 / 90%",
+                          "H200 run: hybridgen-sketch @ 32768 / 90%"]
     assert out["left_out"] == ["hybridgen @ 32768 / 0%: nothing on the host"]
     stream = by["H200 run: flexgen-stream @ 32768 / 90%"]
     assert stream["predicted_s"] == pytest.approx(_predicted_s("flexgen-stream", 32768, 0.9, cfg))
     assert stream["measured_s"] == pytest.approx(0.020)
     assert stream["error_pct"] == pytest.approx(100 * (stream["predicted_s"] - 0.020) / 0.020)
     assert stream["source"] == vr.SOURCE and stream["method"] == "flexgen-stream"
-    # the default hybridgen by the cost that priced it; the sketch variant by its own name
+    # the default hybridgen by the cost that priced it, and so the older sketch runs (the default's
+    # sketch before it was the default: they widen its band); a variant by its own name
     assert by["H200 run: hybridgen @ 32768 / 90%"]["method"] == "hybridgen-three-way"
-    assert by["H200 run: hybridgen-sketch @ 32768 / 90%"]["method"] == "hybridgen-sketch"
+    assert by["H200 run: hybridgen-sketch @ 32768 / 90%"]["method"] == "hybridgen-three-way"
+    assert by["H200 run: hybridgen-no-sketch @ 32768 / 90%"]["method"] == "hybridgen-no-sketch"
+    # no environment.json beside the CSV: priced as the benchmark ran then (no sketch in hybridgen)
+    assert by["H200 run: hybridgen @ 32768 / 90%"]["predicted_s"] == pytest.approx(
+        by["H200 run: hybridgen-no-sketch @ 32768 / 90%"]["predicted_s"])
 
 
 def test_the_committed_rows_are_what_the_command_makes_now_and_widen_the_bands():

@@ -40,7 +40,7 @@ def test_cpu_scan_notebook_draws_the_benchmark_json(tmp_path):
     import shutil
 
     (tmp_path / "cpu_scan").mkdir()
-    shutil.copy(ROOT / "results" / "cpu_scan" / "quick.json", tmp_path / "cpu_scan" / "quick.json")
+    shutil.copy(ROOT / "results" / "cpu_scan" / "sketch_default_quick.json", tmp_path / "cpu_scan")
     p = _nb(ROOT / "notebooks" / "cpu_scan.py", tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     out = tmp_path / "figures" / "cpu_scan.png"

@@ -71,21 +71,24 @@ def test_fused_branch_equals_the_stagewise_branch(B, Hkv, G, D, T, k, qs, oversa
     (1, 3, 3, 64, 1300, 200, 1280, 60),    # keys from token 200 of the segment, tail of 220
     (2, 1, 8, 128, 640, 0, 640, 32),       # the sketch holds every key: no tail
     (2, 2, 1, 32, 400, 384, 384, 9),       # the sketch holds none of these keys: all tail
-    (3, 2, 5, 96, 2100, 129, 1920, 100)])  # an offset inside a sketch block
-@pytest.mark.parametrize("oversample", [1.0, 1.5])
-def test_fused_sketch_branch_equals_the_stagewise_one(kind, B, Hkv, G, D, T, offset, held, k, oversample,
+    (3, 2, 5, 96, 2100, 129, 1920, 100),   # an offset inside a sketch block
+    (2, 2, 4, 64, 500, 100, 768, 30)])     # the sketch holds more than these keys: all from its codes
+@pytest.mark.parametrize("oversample,how", [(1.0, "max"), (1.5, "max"), (1.5, "sum")])
+def test_fused_sketch_branch_equals_the_stagewise_one(kind, B, Hkv, G, D, T, offset, held, k, oversample, how,
                                                       fused_calls):
-    seg = host_segment(B, Hkv, offset + T, D, torch.bfloat16, seed=T + G)
+    seg = host_segment(B, Hkv, max(offset + T, held), D, torch.bfloat16, seed=T + G)
     q = torch.randn(B, Hkv * G, D, generator=torch.Generator().manual_seed(D + k)) * 3
-    sk = KeySketch(TieredStore()["dram"], kind, B, Hkv, D, offset + T, "test/sketch")
+    sk = KeySketch(TieredStore()["dram"], kind, B, Hkv, D, seg.k.shape[2], "test/sketch")
     sk.sync(seg.k[:, :, :held])
     assert sk.length == held // SKETCH_BLOCK * SKETCH_BLOCK == held
-    keys, vals = seg.k[:, :, offset:], seg.v[:, :, offset:]
+    keys, vals = seg.k[:, :, offset:offset + T], seg.v[:, :, offset:offset + T]
     kw = dict(precision="bf16dot", oversample=oversample, keep_keys=True, pool=POOL, sketch=sk,
-              sketch_offset=offset)
+              sketch_offset=offset, group_score=how)
     stagewise = host_branch(q, keys, vals, D ** -0.5, k, False, fused=False, **kw)
     assert not fused_calls
-    fused = host_branch(q, keys, vals, D ** -0.5, k, False, **kw)
+    v_out = torch.full((B * Hkv * k * D,), float("nan"), dtype=torch.bfloat16)
+    fused = host_branch(q, keys, vals, D ** -0.5, k, False, v_out=v_out, **kw)
+    assert fused.v_rows.data_ptr() == v_out.data_ptr()
     assert fused_calls == [1]
     assert torch.equal(fused.idx, stagewise.idx)
     assert torch.equal(fused.logits, stagewise.logits)
@@ -98,6 +101,22 @@ def test_fused_sketch_branch_equals_the_stagewise_one(kind, B, Hkv, G, D, T, off
         # ignored the sketch would fail the equality above
         plain = host_branch(q, keys, vals, D ** -0.5, k, False, precision="bf16dot", oversample=1.0, pool=POOL)
         assert not torch.equal(plain.idx, fused.idx)
+
+
+@pytest.mark.parametrize("case", ["mask", "fp32 keys", "exact tail"])
+def test_with_a_sketch_where_it_does_not_fit_the_stagewise_branch_runs(case, fused_calls):
+    B, Hkv, G, D, T, k = 2, 2, 4, 32, 300, 12
+    dtype = torch.float32 if case == "fp32 keys" else torch.bfloat16
+    seg = host_segment(B, Hkv, T, D, dtype, seed=5)
+    sk = KeySketch(TieredStore()["dram"], "int4", B, Hkv, D, T, "test/sketch")
+    sk.sync(seg.k)
+    q = torch.randn(B, Hkv * G, D)
+    mask = torch.rand(B, Hkv, T) > 0.3 if case == "mask" else None
+    kw = dict(sketch=sk, oversample=1.5, mask=mask, precision="exact" if case == "exact tail" else "bf16dot")
+    a = host_branch(q, seg.k, seg.v, 0.2, k, False, **kw)
+    b = host_branch(q, seg.k, seg.v, 0.2, k, False, fused=False, **kw)
+    assert not fused_calls
+    assert torch.equal(a.idx, b.idx) and torch.equal(a.logits, b.logits) and torch.equal(a.v_rows, b.v_rows)
 
 
 @fits_here

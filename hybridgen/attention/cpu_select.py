@@ -240,9 +240,11 @@ def fused_branch(q: Tensor, keys: Tensor, values: Tensor, scale: float, k: int, 
     else:
         from hybridgen.attention.key_sketch import SKETCH_BLOCK
 
-        if sketch.codes.shape[:2] != keys.shape[:2] or sketch_offset < 0:
-            raise ValueError(f"the key sketch holds {tuple(sketch.codes.shape[:2])} rows, the keys "
-                             f"{tuple(keys.shape[:2])} (offset {sketch_offset})")
+        if (sketch.codes.shape[:2] != keys.shape[:2] or sketch.D != D or sketch_offset < 0
+                or not (sketch.codes.is_contiguous() and sketch.params.is_contiguous())):
+            raise ValueError(f"the key sketch holds rows {tuple(sketch.codes.shape[:2])} of head dim {sketch.D}, "
+                             f"the keys {tuple(keys.shape[:2])} of {D} (offset {sketch_offset}); it must match "
+                             f"and be contiguous")
         ts = max(0, min(T, sketch.length - sketch_offset))  # tokens the sketch holds
         codes = (sketch.codes.data_ptr(), sketch.codes.shape[2], sketch.params.data_ptr(), sketch.params.shape[2],
                  SKETCH_BLOCK, sketch.bits, sketch_offset, ts)

@@ -98,7 +98,8 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
     (sequence, KV head, token), at :meth:`~hybridgen.perf.context.CostContext.sketch_rate`) and
     the branch then reads ceil(oversample * k) exact key rows and re-ranks them (``rerank_s``);
     the keys' last, partial block is scanned at the keys' precision (the sketch holds whole
-    blocks), and the branch pays SKETCH_HOST_OPS more host ops;
+    blocks), and the branch pays SKETCH_HOST_OPS more host ops (fused per row: the bf16-dot
+    branch's BF16DOT_HOST_OPS + SKETCH_FUSED_HOST_OPS);
     scan='bf16dot' (bf16 keys only, as :func:`~hybridgen.hybrid.host_branch.scan_precision`):
     the keys are scanned at host.key_scan_bf16dot_gbps where the profile measured it, else at
     the pageable key scan's rate (an assumption: ``scan_rate_measured`` False), and ceil(scan_oversample * k)
@@ -131,18 +132,18 @@ def hybridgen_cost(c: CostContext, gpu_budget: Any, topk_ratio: float, per_head:
         scan_rate, rate_measured = c.sketch_rate(key_sketch)
         tail_rate = (c.bf16dot_scan_rate(pinned=False)[0] if scan == "bf16dot" and c.w.dtype_key == "bf16"
                      else c.scan_rate(pinned=False))  # the tail at the scan's precision (host_branch.sketch_scan)
-        exact_tail = c.stream_time(c.B * (tail + 1) * c.key_tok, tail_rate, key_tier)
+        tail_scan = c.stream_time(c.B * (tail + 1) * c.key_tok, tail_rate, key_tier)
         rerank = _rerank_time(c, min(S_h, math.ceil(oversample * k)), Hsel, key_tier, per_head, fused_select)
         host_ops += BF16DOT_HOST_OPS + SKETCH_FUSED_HOST_OPS if fused_rows else SKETCH_HOST_OPS
     else:
         scanned, scan_rate, rate_measured = c.B * S_h * c.key_tok, c.scan_rate(pinned), True
-        exact_tail = 0.0
+        tail_scan = 0.0
         if scan == "bf16dot" and c.w.dtype_key == "bf16":  # its own rate where the profile measured it
             scan_rate, rate_measured = c.bf16dot_scan_rate(pinned)
             rerank = _rerank_time(c, min(S_h, math.ceil(scan_oversample * k)), Hsel, key_tier, per_head,
                                   fused_select)
             host_ops += BF16DOT_HOST_OPS
-    scan = c.stream_time(scanned, scan_rate, key_tier) + exact_tail
+    scan = c.stream_time(scanned, scan_rate, key_tier) + tail_scan
     if fused_select:
         group, topk, fused = c.select_time(c.B * c.Hq * S_h * 4, c.B * Hsel * S_h * 4, per_head)
     else:

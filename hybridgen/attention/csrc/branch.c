@@ -67,7 +67,7 @@ static uint8_t *branch_scratch(size_t bytes) {
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
 /* The scan stage of row r into logits [G][T] and stats [nblk][G][2] (see the top of this file);
- * tail: G*T floats of scratch for the keys' part after a sketch. */
+ * tail: G*(T - ts) floats of scratch for the keys past the sketch. */
 static void scan_row(const float *qb, const float *qx, const uint16_t *kr, int64_t cap, const uint8_t *codes,
                      int64_t ntiles, const float *params, int64_t nsb, int64_t sblock, int64_t bits, int64_t t_off,
                      int64_t ts, float scale, int64_t T, int64_t D, int64_t G, int64_t block, float *logits,
