@@ -87,3 +87,22 @@ def test_clock_keeps_margin_and_reserve():
     clock = Clock(budget_s=100.0, margin_s=30.0)
     assert 69.0 < clock.left() <= 70.0
     assert not clock.expired() and not clock.expired(reserve_s=60.0) and clock.expired(reserve_s=71.0)
+
+
+def test_runs_are_priced_on_the_threads_they_ran_with(tmp_path):
+    """A run's CPU branch had the environment's scan_threads (the benchmark leaves a core to the
+    main thread): the model's whole rows per thread are priced on those, so 64 rows on 15
+    threads (5 rounds) cost more than on the profile's 16 cores (4), and the record is read
+    from the environment.json beside the CSV."""
+    import json
+
+    from benchmarks.gpu.projection import projection_rows
+    from benchmarks.gpu.validation_rows import what_ran
+
+    row = [{"method": "hybridgen-plain", "context": 32768, "host_share": 0.9, "ms": 5.0, "status": "ok"}]
+    ms = lambda threads: projection_rows(BenchConfig(), row, None, threads)[0][0]["projected_ms"]  # noqa: E731
+    assert ms(15) > 1.1 * ms(16) and ms(16) == ms(None)
+    (tmp_path / "environment.json").write_text(json.dumps({"runtime": {"scan_threads": 15}}))
+    assert what_ran(tmp_path / "bench_gpu.csv")[1] == 15
+    (tmp_path / "environment.json").unlink()
+    assert what_ran(tmp_path / "bench_gpu.csv")[1] is None

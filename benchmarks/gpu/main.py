@@ -125,7 +125,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     proj_md = ""
     if "projection" in sections:
         try:
-            prow, proj_md = projection_rows(cfg, [r for r in rows if r["section"] == "layer"], method_record())
+            prow, proj_md = projection_rows(cfg, [r for r in rows if r["section"] == "layer"], method_record(),
+                                            cfg.scan_threads)
             rows.extend(prow)
         except Exception as err:  # noqa: BLE001
             proj_md = f"(projection failed: {type(err).__name__}: {err})"

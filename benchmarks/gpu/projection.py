@@ -14,15 +14,21 @@ from hybridgen.methods import build_method, method_parameters
 
 
 def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]],
-                    ran: Optional[Dict[str, Dict[str, Any]]] = None) -> Tuple[List[Dict[str, Any]], str]:
+                    ran: Optional[Dict[str, Dict[str, Any]]] = None,
+                    threads: Optional[int] = None) -> Tuple[List[Dict[str, Any]], str]:
     """(rows, markdown table) of projected vs measured ms per (method, context, host share).
 
     ran: what each benchmark method ran ({name: {"method", "params"}}, as
     :func:`~benchmarks.gpu.config.method_record` records it); a method named there is priced
     with those parameters (the row's budget and top-k as the benchmark sets them), any other
-    as the benchmark builds it now."""
+    as the benchmark builds it now. threads: the CPU branch's threads in the run (the benchmark
+    leaves a core to the main thread); the profile's host cores stand for them, as the model
+    hands whole rows to ``cores`` threads (None: the profile's own)."""
     from hybridgen import perf as pm
 
+    profile = pm.load_profile(cfg.profile)
+    if threads:
+        profile = dataclasses.replace(profile, host=dataclasses.replace(profile.host, cores=int(threads)))
     shape = pm.ModelShape(name="llama-3.1-8b-layer", num_layers=32, hidden_size=cfg.heads * cfg.head_dim,
                           num_heads=cfg.heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
                           intermediate_size=14336, vocab_size=128256)
@@ -44,7 +50,7 @@ def projection_rows(cfg: BenchConfig, layer_rows: List[Dict[str, Any]],
             method = dataclasses.replace(method, pipeline=False)
         try:
             preds[key] = pm.predict_step(method, shape, pm.Workload(batch=cfg.batch, context=r["context"],
-                                                                    dtype=cfg.dtype_name), cfg.profile)
+                                                                    dtype=cfg.dtype_name), profile)
         except pm.NotModelled:
             not_modelled.append(key)
             continue

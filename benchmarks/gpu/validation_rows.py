@@ -23,7 +23,7 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from benchmarks.gpu.config import BenchConfig
 from benchmarks.gpu.projection import projection_rows
@@ -46,15 +46,14 @@ RAN_BEFORE_THE_RECORD = {"hybridgen": {"method": "hybridgen", "params": {"key_sk
                                               "params": {"key_sketch": "int4", "sketch_oversample": 1.25}}}
 
 
-def what_ran(csv_path: Path) -> Dict[str, Dict[str, Any]]:
-    """What each method of a bench_gpu CSV ran: the ``bench_methods`` of the ``environment.json``
-    beside it, else :data:`RAN_BEFORE_THE_RECORD`."""
-    env = csv_path.parent / "environment.json"
-    if env.is_file():
-        rec = json.loads(env.read_text()).get("bench_methods")
-        if rec:
-            return rec
-    return RAN_BEFORE_THE_RECORD
+def what_ran(csv_path: Path) -> Tuple[Dict[str, Dict[str, Any]], Optional[int]]:
+    """(what each method of a bench_gpu CSV ran, the CPU branch's threads) from the
+    ``environment.json`` beside it: its ``bench_methods`` (else :data:`RAN_BEFORE_THE_RECORD`) and
+    its runtime's ``scan_threads`` (else None: the profile's cores)."""
+    path = csv_path.parent / "environment.json"
+    env = json.loads(path.read_text()) if path.is_file() else {}
+    threads = (env.get("runtime") or {}).get("scan_threads")
+    return env.get("bench_methods") or RAN_BEFORE_THE_RECORD, int(threads) if threads else None
 
 
 def layer_runs(csv_path: Path) -> List[Dict[str, Any]]:
@@ -76,7 +75,9 @@ def validation_rows(csv_path: Path, cfg: Optional[BenchConfig] = None, gpu: str 
     left_out = [f"{r['method']} @ {r['context']} / {int(round(r['host_share'] * 100))}%: "
                 + ("nothing on the host" if r["host_share"] == 0 else f"under {MIN_HOST_SHARE:.0%} of the KV on the host")
                 for r in runs if r not in kept]
-    priced, _ = projection_rows(cfg, kept, what_ran(csv_path))
+    ran, threads = what_ran(csv_path)
+    priced, _ = projection_rows(cfg, kept, ran, threads)
+    on = f"{cfg.profile}" + (f" with the run's {threads} CPU-branch threads as its cores" if threads else "")
     rows = []
     for p in priced:
         if p["status"] != "ok":
@@ -91,7 +92,7 @@ def validation_rows(csv_path: Path, cfg: Optional[BenchConfig] = None, gpu: str 
                      "predicted_s": p["projected_ms"] / 1e3, "measured_s": p["ms"] / 1e3,
                      "error_pct": p["error_pct"], "within_25pct": abs(p["error_pct"]) <= 25.0, "fitted": None,
                      "note": f"per-layer decode of {csv_path.name} (batch {cfg.batch}, {cfg.heads} q heads, "
-                             f"{cfg.kv_heads} kv heads, {cfg.dtype_name}) priced on {cfg.profile} by the model now"})
+                             f"{cfg.kv_heads} kv heads, {cfg.dtype_name}) priced on {on} by the model now"})
     return {"rows": rows, "left_out": left_out, "source_csv": str(csv_path)}
 
 
