@@ -32,7 +32,6 @@ from torch import Tensor
 
 from hybridgen.attention import attention_logits
 from hybridgen.attention.cpu_pool import default_pool
-from hybridgen.attention.key_sketch import check_head_dim
 from hybridgen.attention.cpu_scan import resolve_backend, rows_logits, scan_is_exact
 from hybridgen.hybrid.gpu_share import dense_decode, gpu_share_partial, merge_with_host
 from hybridgen.hybrid.host_branch import HostSelection, masked_heads, pipelined_host_branch, topk_count
@@ -120,8 +119,6 @@ class HybridGen(KVMethod):
         super().bind(ctx)
         self.policy = parse_mapping(self.mapping)
         kernel = resolve_backend(self.scan_backend, ctx.dtype)  # validates the name
-        if self.key_sketch != "none":  # before any KV exists: a head dim the sketch cannot hold names the fix
-            check_head_dim(self.key_sketch, ctx.head_dim)
         self.pool = ctx.pool or default_pool()
         self.stager = HostToDevice(ctx.compute_device)
         self.q_down = DeviceToHost(ctx.compute_device)  # queries -> pinned per-layer buffers + events

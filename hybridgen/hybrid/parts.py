@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from torch import Tensor
 
 from hybridgen.attention import attention_logits
-from hybridgen.attention.key_sketch import KeySketch
+from hybridgen.attention.key_sketch import KeySketch, check_head_dim
 from hybridgen.attention.partial import _mask_logits
 from hybridgen.hybrid.host_branch import scan_precision
 from hybridgen.hybrid.memory import gpu_share_tokens, host_capacity, max_stream_fraction, stream_capacity
@@ -133,9 +133,11 @@ class KeyScan:
 
 class SketchScan(KeyScan):
     """The CPU scans an int8/int4 sketch of the host keys (one per host segment, on its key
-    tier) and re-ranks its candidates by exact logits."""
+    tier) and re-ranks its candidates by exact logits. Built at bind time: a head dim the sketch
+    cannot hold is a ConfigError naming the fix (``key_sketch='none'``) before any KV exists."""
 
-    def __init__(self, kind: str, num_layers: int, precision: str = "exact"):
+    def __init__(self, kind: str, num_layers: int, head_dim: int, precision: str = "exact"):
+        check_head_dim(kind, head_dim)
         super().__init__(exact=True, precision=precision)
         self.kind = kind
         self.sketches: List[Optional[KeySketch]] = [None] * num_layers
@@ -250,8 +252,8 @@ def compose(method: Any, scan_exact: bool) -> StepParts:
     scan_exact: the scan kernel computes exact logits in the KV dtype."""
     split = ThreeWaySplit(method) if method.three_way else PlainSplit(method)
     precision = scan_precision(method.scan, method.ctx.dtype)
-    scan = (SketchScan(method.key_sketch, method.ctx.num_layers, precision) if method.key_sketch != "none"
-            else KeyScan(scan_exact, precision))
+    scan = (SketchScan(method.key_sketch, method.ctx.num_layers, method.ctx.head_dim, precision)
+            if method.key_sketch != "none" else KeyScan(scan_exact, precision))
     logits = StandInLogits() if method.speculative_logits else TrueQueryLogits(method)
     lookahead = Lookahead(method) if method.pipeline else NoLookahead()
     return StepParts(split, scan, logits, lookahead, ship_packer(method.stager, method.ship))
